@@ -1,0 +1,99 @@
+// RowSlab: one shard's value rows, allocated in chunks so that no key costs an
+// allocation and rows never move (growing the slot array moves only slots).
+//
+// Chunk k holds 16 << k rows up to 1024 rows per chunk, so a shard with few
+// keys stays small (a table of a thousand keys spread over 256 shards does
+// not reserve 256 big chunks) while a large shard wastes < 1024 rows.
+// Not thread-safe: the owning shard's lock protects it.
+
+#ifndef DYNEMB_CORE_CPU_ROW_SLAB_H_
+#define DYNEMB_CORE_CPU_ROW_SLAB_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace dynemb {
+
+class RowSlab {
+ public:
+  // Row indices are uint32; this one is never handed out (it marks empty slots).
+  static constexpr uint32_t kInvalidRow = 0xffffffffu;
+
+  void Init(size_t stride) { stride_ = stride; }
+  size_t stride() const { return stride_; }
+
+  char* Row(uint32_t index) const {
+    uint32_t chunk, offset;
+    Locate(index, &chunk, &offset);
+    return chunks_[chunk].get() + static_cast<size_t>(offset) * stride_;
+  }
+
+  // Hands out a free row (recycled first). Returns false when the shard has
+  // used every row index.
+  bool Allocate(uint32_t* index) {
+    if (!free_.empty()) {
+      *index = free_.back();
+      free_.pop_back();
+      return true;
+    }
+    if (high_water_ == kInvalidRow) return false;
+    uint32_t chunk, offset;
+    Locate(high_water_, &chunk, &offset);
+    if (chunk == chunks_.size()) {
+      chunks_.emplace_back(new char[ChunkRows(chunk) * stride_]);
+    }
+    *index = high_water_++;
+    return true;
+  }
+
+  void Free(uint32_t index) { free_.push_back(index); }
+
+  // Releases every row (the caller has destroyed non-trivial keys).
+  void Reset() {
+    chunks_.clear();
+    chunks_.shrink_to_fit();
+    free_.clear();
+    free_.shrink_to_fit();
+    high_water_ = 0;
+  }
+
+  int64_t MemoryBytes() const {
+    int64_t bytes = static_cast<int64_t>(free_.capacity() * sizeof(uint32_t) +
+                                         chunks_.capacity() * sizeof(chunks_[0]));
+    for (size_t k = 0; k < chunks_.size(); ++k) bytes += ChunkRows(k) * stride_;
+    return bytes;
+  }
+
+ private:
+  static constexpr uint32_t kFirstChunkRows = 16;
+  static constexpr uint32_t kGrowingChunks = 6;  // 16, 32, ..., 512 rows
+  static constexpr uint32_t kBigChunkRows = 1024;
+  static constexpr uint32_t kRowsBeforeBigChunks = kFirstChunkRows * ((1u << kGrowingChunks) - 1);
+
+  static size_t ChunkRows(size_t chunk) {
+    return chunk < kGrowingChunks ? (kFirstChunkRows << chunk) : kBigChunkRows;
+  }
+
+  static void Locate(uint32_t index, uint32_t* chunk, uint32_t* offset) {
+    if (index < kRowsBeforeBigChunks) {
+      // Chunk k covers [16 * (2^k - 1), 16 * (2^(k+1) - 1)).
+      uint32_t k = 31 - __builtin_clz((index >> 4) + 1);
+      *chunk = k;
+      *offset = index - kFirstChunkRows * ((1u << k) - 1);
+    } else {
+      uint32_t rest = index - kRowsBeforeBigChunks;
+      *chunk = kGrowingChunks + rest / kBigChunkRows;
+      *offset = rest % kBigChunkRows;
+    }
+  }
+
+  size_t stride_ = 0;
+  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::vector<uint32_t> free_;
+  uint32_t high_water_ = 0;
+};
+
+}  // namespace dynemb
+
+#endif  // DYNEMB_CORE_CPU_ROW_SLAB_H_

@@ -1,0 +1,296 @@
+// tensorflow_dynemb core: a hash table from feature ids to fixed-width value
+// rows. This header has no TensorFlow dependency; g++ alone builds and tests it.
+//
+// ============================================================================
+// Design
+// ============================================================================
+//
+// Semantics (shared by every implementation: CPU here, CUDA in gpu/)
+//   * Keys are int32, int64 or byte strings. Every value of the key type is a
+//     valid key: no value is reserved as "empty" or "deleted".
+//   * A value is a row of `dim` elements of one ValueType; `dim` is a runtime
+//     value (no template per dim).
+//   * Every entry carries a uint64 score. The score is what a bounded table
+//     evicts by (lowest first) and what export/import carry, so a restored
+//     table ranks its keys exactly as the saved one did. How a batch assigns
+//     scores is the table's EvictStrategy (see ScoreClock below); scores passed
+//     explicitly by the caller always win (that is how import restores them).
+//   * Batch semantics are sequential: the result of Insert, Accum or Remove on
+//     a batch equals applying its rows one by one in order, so duplicate keys
+//     in a batch are deterministic (the last insert wins, accum deltas add up).
+//   * Operations are thread-safe. Concurrent batches see each key's rows
+//     atomically (a reader never sees half a row).
+//
+// CPU memory layout (cpu/cpu_table.*)
+//   The table is split into kNumShards shards chosen by the top bits of the
+//   key's 64-bit hash. Each shard owns:
+//     - a slot array: open addressing with linear probing, one uint32 per slot
+//       holding (7-bit hash tag | 24-bit row index); 0 means empty. Probing
+//       reads 16 slots per cache line and only compares keys on a tag match.
+//       Deletion is by backward shift, so there are no tombstones and no key
+//       value has to be reserved.
+//     - a row slab: rows of [key | score | values] in chunks (no allocation
+//       per key). Rows never move, so growing the slot array rehashes only
+//       4-byte slots, never values; freed rows go to a free list.
+//   Growth doubles one shard's slot array when it passes 3/4 load. Shards grow
+//   independently, so a rehash stalls 1/kNumShards of the table briefly.
+//
+// Locking
+//   One reader-writer lock per shard. Find takes shared locks (readers never
+//   block readers); Insert/Accum/Remove take exclusive locks. A batch is first
+//   hashed and bucketed by shard (a stable counting sort, which keeps each
+//   key's rows in batch order), then shards are processed in parallel with one
+//   lock acquisition per shard per batch, prefetching slots ahead of use.
+//   Score updates made by Find (LRU strategies) are relaxed atomic stores.
+//
+// Bounded tables
+//   TableOptions::max_capacity > 0 bounds the number of keys. The score is
+//   in every row from the start, so eviction by score needs no layout change.
+//
+// GPU
+//   The Table interface below takes raw pointers plus a Runner; a CUDA table
+//   implements the same interface with device pointers and a stream-bound
+//   Runner. The semantics above (and the conformance tests) are shared.
+// ============================================================================
+
+#ifndef DYNEMB_CORE_TABLE_H_
+#define DYNEMB_CORE_TABLE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace dynemb {
+
+// ---------------------------------------------------------------------------
+// Status: the core's error type (the kernels map it onto tensorflow::Status).
+// ---------------------------------------------------------------------------
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 3,
+  kNotFound = 5,
+  kResourceExhausted = 8,
+  kFailedPrecondition = 9,
+  kDataLoss = 15,
+  kInternal = 13,
+};
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message)
+      : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return Status(); }
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+inline Status InvalidArgument(std::string msg) {
+  return Status(StatusCode::kInvalidArgument, std::move(msg));
+}
+
+#define DYNEMB_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::dynemb::Status _dynemb_status = (expr); \
+    if (!_dynemb_status.ok()) return _dynemb_status; \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------
+enum class KeyType : int { kInt32 = 0, kInt64 = 1, kString = 2 };
+
+enum class ValueType : int {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt8 = 4,
+  kInt32 = 5,
+  kInt64 = 6,
+  kBool = 7,
+};
+
+// Bytes of one element of `type`.
+size_t ValueTypeSize(ValueType type);
+const char* ValueTypeName(ValueType type);
+const char* KeyTypeName(KeyType type);
+// Parses "float32", "float64", "float16", "bfloat16", "int8", "int32",
+// "int64", "bool" (and "int32"/"int64"/"string" for keys).
+bool ParseValueType(std::string_view name, ValueType* type);
+bool ParseKeyType(std::string_view name, KeyType* type);
+
+// How a batch assigns scores to the entries it touches (API.md §1).
+//   kLru:        score = table clock, advanced once per Insert/Accum batch
+//                (and per Find batch when find_updates_scores).
+//   kLfu:        score = number of Insert/Accum rows that touched the key.
+//   kEpochLru:   (epoch << 32) | (clock & 0xffffffff).
+//   kEpochLfu:   (epoch << 32) | frequency within the epoch.
+//   kCustomized: the caller passes scores; without them, a new key gets 0
+//                and an existing key keeps its score.
+// The epoch advances every `step_per_epoch` Insert batches (never if 0).
+enum class EvictStrategy : int {
+  kLru = 0,
+  kLfu = 1,
+  kEpochLru = 2,
+  kEpochLfu = 3,
+  kCustomized = 4,
+};
+bool ParseEvictStrategy(std::string_view name, EvictStrategy* strategy);
+const char* EvictStrategyName(EvictStrategy strategy);
+
+struct TableOptions {
+  KeyType key_type = KeyType::kInt64;
+  ValueType value_type = ValueType::kFloat32;
+  int64_t dim = 1;                // elements per value row, >= 1
+  int64_t init_capacity = 0;      // keys to reserve room for up front
+  int64_t max_capacity = 0;       // 0: unbounded
+  EvictStrategy strategy = EvictStrategy::kLru;
+  bool find_updates_scores = false;  // Find refreshes LRU scores
+  int64_t step_per_epoch = 0;
+
+  // Checks the options; the message names the field and the value received.
+  Status Validate() const;
+  size_t value_bytes() const { return static_cast<size_t>(dim) * ValueTypeSize(value_type); }
+};
+
+// ---------------------------------------------------------------------------
+// Runner: where a batch's parallel work runs. The TF kernels wrap the
+// intra-op thread pool; tests and bindings use SerialRunner or ThreadRunner.
+// ---------------------------------------------------------------------------
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  // Calls fn(begin, end) over disjoint ranges covering [0, n), possibly
+  // concurrently. `cost_per_unit` is a rough count of cycles per unit.
+  virtual void ParallelFor(int64_t n, int64_t cost_per_unit,
+                           const std::function<void(int64_t, int64_t)>& fn) const = 0;
+};
+
+class SerialRunner : public Runner {
+ public:
+  void ParallelFor(int64_t n, int64_t cost_per_unit,
+                   const std::function<void(int64_t, int64_t)>& fn) const override {
+    (void)cost_per_unit;
+    if (n > 0) fn(0, n);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Key batches. `keys` points at n keys in the table's key type:
+//   kInt32: const int32_t*, kInt64: const int64_t*,
+//   kString: const std::string_view* (bytes, not necessarily UTF-8).
+// Values are row-major [n, dim] arrays of the table's value type.
+// ---------------------------------------------------------------------------
+
+// Receives a whole-table snapshot from Table::Export.
+class ExportSink {
+ public:
+  virtual ~ExportSink() = default;
+  // Called once, while the table is locked against writers, with the number
+  // of entries. Sets *keys (numeric key tables only; ignored for strings),
+  // *values ([n, dim]) and *scores ([n]) to buffers that hold n entries; any
+  // of them may be set to nullptr to skip that part.
+  virtual Status Allocate(int64_t n, void** keys, void** values, uint64_t** scores) = 0;
+  // String tables: called once per entry, i in [0, n).
+  virtual void SetStringKey(int64_t i, std::string_view key) { (void)i; (void)key; }
+};
+
+// Receives the table in chunks from Table::ExportChunks (streaming save).
+// `keys` is in the batch key representation above; pointers are valid only
+// during the call. Returning an error stops the iteration.
+using ChunkSink = std::function<Status(const void* keys, int64_t n, const void* values,
+                                       const uint64_t* scores)>;
+
+// Byte streams for the streaming file format (cc/core/table_io.h).
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  virtual Status Append(const void* data, size_t size) = 0;
+  virtual Status Close() = 0;
+};
+
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Reads exactly `size` bytes; fewer is kDataLoss (or kOutOfRange at EOF
+  // before the first byte, reported as *eof = true with Ok status).
+  virtual Status Read(void* data, size_t size, bool* eof) = 0;
+};
+
+// Counters since creation (monotonic; Clear does not reset them).
+struct TableCounters {
+  uint64_t inserts = 0;    // rows that created a new key
+  uint64_t updates = 0;    // rows that overwrote or accumulated into a key
+  uint64_t lookups = 0;    // keys looked up
+  uint64_t misses = 0;     // keys looked up and not found
+  uint64_t removes = 0;    // keys removed
+  uint64_t evictions = 0;  // keys evicted to stay within max_capacity
+};
+
+// ---------------------------------------------------------------------------
+// Table: the interface every implementation provides. All methods are
+// thread-safe. `n` may be 0. Pointers may be null only where documented.
+// ---------------------------------------------------------------------------
+class Table {
+ public:
+  virtual ~Table() = default;
+
+  virtual const TableOptions& options() const = 0;
+
+  // Number of keys stored.
+  virtual int64_t Size() const = 0;
+  // Number of keys the table can hold before it grows (or max_capacity).
+  virtual int64_t Capacity() const = 0;
+  // Bytes of memory the table owns (slots, rows, bookkeeping).
+  virtual int64_t MemoryBytes() const = 0;
+  virtual TableCounters Counters() const = 0;
+
+  // values[i] = row of keys[i], or the default row when absent. `defaults`
+  // holds one row (default_per_key false) or n rows. `exists` (nullable)
+  // receives whether each key was found.
+  virtual Status Find(const void* keys, int64_t n, void* values, bool* exists,
+                      const void* defaults, bool default_per_key,
+                      const Runner& runner) = 0;
+
+  // Upsert. `scores` (nullable) sets the score of each row explicitly.
+  virtual Status Insert(const void* keys, int64_t n, const void* values,
+                        const uint64_t* scores, const Runner& runner) = 0;
+
+  // Per row i: exists[i] and key present -> value += deltas[i];
+  // !exists[i] and key absent -> insert deltas[i]; otherwise nothing.
+  // Addition is elementwise in the value type (bool: logical or).
+  virtual Status Accum(const void* keys, int64_t n, const void* deltas,
+                       const bool* exists, const Runner& runner) = 0;
+
+  // Removes the keys; absent keys are ignored.
+  virtual Status Remove(const void* keys, int64_t n, const Runner& runner) = 0;
+
+  // Removes every key and releases the memory.
+  virtual void Clear() = 0;
+
+  // A consistent snapshot of every entry, in unspecified order.
+  virtual Status Export(ExportSink* sink) = 0;
+
+  // Every entry in chunks of at most `chunk_rows`, holding one shard's lock
+  // only while copying a chunk: memory stays O(chunk_rows) however large the
+  // table, and writers are never blocked for long. Entries inserted or
+  // removed concurrently may or may not be visited.
+  virtual Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) = 0;
+};
+
+// Creates a CPU table; returns nullptr and sets *status on invalid options.
+std::unique_ptr<Table> NewCpuTable(const TableOptions& options, Status* status);
+
+}  // namespace dynemb
+
+#endif  // DYNEMB_CORE_TABLE_H_

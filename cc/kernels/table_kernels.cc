@@ -1,0 +1,501 @@
+// CPU kernels of the table ops (cc/ops/table_ops.cc): thin adapters that turn
+// tensors into spans, check shapes, and call the core table.
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cc/core/table.h"
+#include "cc/core/table_io.h"
+#include "cc/kernels/table_resource.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/lib/io/inputbuffer.h"
+#include "tensorflow/core/platform/env.h"
+
+namespace dynemb {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+
+// ---------------------------------------------------------------------------
+// Create
+// ---------------------------------------------------------------------------
+class CreateTableOp : public OpKernel {
+ public:
+  explicit CreateTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
+    bool use_node_name_sharing = false;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing));
+    if (shared_name_.empty() && use_node_name_sharing) shared_name_ = name();
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("anonymous", &anonymous_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key_dtype", &key_dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_dtype", &value_dtype_));
+    tensorflow::PartialTensorShape value_shape;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_shape", &value_shape));
+    OP_REQUIRES(ctx, value_shape.AsTensorShape(&value_shape_),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "value_shape must be fully defined, got ", value_shape.DebugString())));
+    OP_REQUIRES(ctx, ToCoreKeyType(key_dtype_, &options_.key_type),
+                absl::InvalidArgumentError("unsupported key_dtype"));
+    OP_REQUIRES(ctx, ToCoreValueType(value_dtype_, &options_.value_type),
+                absl::InvalidArgumentError("unsupported value_dtype"));
+    options_.dim = value_shape_.num_elements();
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &options_.init_capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_capacity", &options_.max_capacity));
+    std::string strategy;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_strategy", &strategy));
+    OP_REQUIRES(ctx, ParseEvictStrategy(strategy, &options_.strategy),
+                absl::InvalidArgumentError(absl::StrCat("unknown evict_strategy '", strategy, "'")));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("step_per_epoch", &options_.step_per_epoch));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("find_updates_scores", &options_.find_updates_scores));
+    OP_REQUIRES_OK(ctx, ToTfStatus(options_.Validate()));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const std::vector<tensorflow::DtypeAndPartialTensorShape> handle_data = {
+        {key_dtype_, tensorflow::PartialTensorShape({})}, {value_dtype_, value_shape_}};
+    Tensor* handle;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle, HostMemory()));
+    if (anonymous_) {
+      TableResource* resource;
+      OP_REQUIRES_OK(ctx, NewResource(&resource));
+      // The handle owns the only reference: the table lives as long as a
+      // handle to it does.
+      handle->scalar<tensorflow::ResourceHandle>()() =
+          tensorflow::ResourceHandle::MakeRefCountingHandle(resource, ctx->device()->name(),
+                                                            handle_data);
+      return;
+    }
+    const std::string container =
+        container_.empty() ? ctx->resource_manager()->default_container() : container_;
+    const std::string shared_name =
+        shared_name_.empty() ? absl::StrCat("dynemb_table_", reinterpret_cast<uintptr_t>(this))
+                             : shared_name_;
+    TableResource* resource;
+    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<TableResource>(
+                            container, shared_name, &resource,
+                            [this](TableResource** out) { return NewResource(out); }));
+    tensorflow::core::ScopedUnref unref(resource);
+    OP_REQUIRES(ctx,
+                resource->key_dtype() == key_dtype_ && resource->value_dtype() == value_dtype_ &&
+                    resource->value_shape() == value_shape_,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", shared_name, "' already exists as ", resource->DebugString(),
+                    ", which does not match the requested key ",
+                    tensorflow::DataTypeString(key_dtype_), ", value ",
+                    tensorflow::DataTypeString(value_dtype_), ", value_shape ",
+                    value_shape_.DebugString())));
+    handle->scalar<tensorflow::ResourceHandle>()() =
+        tensorflow::MakeResourceHandle<TableResource>(ctx, container, shared_name, handle_data);
+  }
+
+ private:
+  static tensorflow::AllocatorAttributes HostMemory() {
+    tensorflow::AllocatorAttributes attr;
+    attr.set_on_host(true);
+    return attr;
+  }
+
+  absl::Status NewResource(TableResource** out) const {
+    Status status;
+    std::unique_ptr<Table> table = NewCpuTable(options_, &status);
+    if (!status.ok()) return ToTfStatus(status);
+    *out = new TableResource(std::move(table), key_dtype_, value_dtype_, value_shape_);
+    return absl::OkStatus();
+  }
+
+  std::string container_;
+  std::string shared_name_;
+  bool anonymous_ = false;
+  DataType key_dtype_;
+  DataType value_dtype_;
+  TensorShape value_shape_;
+  TableOptions options_;
+};
+
+// ---------------------------------------------------------------------------
+// Helpers shared by the table ops
+// ---------------------------------------------------------------------------
+
+// A keys tensor as the core's batch representation. String keys become views
+// of the tensor's strings, valid while the tensor lives.
+class KeyBatch {
+ public:
+  explicit KeyBatch(const Tensor& keys) : n_(keys.NumElements()) {
+    if (keys.dtype() == tensorflow::DT_STRING) {
+      auto flat = keys.flat<tensorflow::tstring>();
+      views_.reserve(n_);
+      for (int64_t i = 0; i < n_; ++i) views_.emplace_back(flat(i).data(), flat(i).size());
+      data_ = views_.data();
+    } else {
+      data_ = keys.data();
+    }
+  }
+  const void* data() const { return data_; }
+  int64_t size() const { return n_; }
+
+ private:
+  int64_t n_;
+  const void* data_ = nullptr;
+  std::vector<std::string_view> views_;
+};
+
+TensorShape KeyedShape(const TensorShape& keys, const TensorShape& value_shape) {
+  TensorShape out = keys;
+  out.AppendShape(value_shape);
+  return out;
+}
+
+absl::Status CheckShape(const TensorShape& expected, const Tensor& actual, const char* what) {
+  if (actual.shape() == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("Expected shape ", expected.DebugString(),
+                                                 " for ", what, ", got ",
+                                                 actual.shape().DebugString()));
+}
+
+// Scores input: keys.shape, or [0] for "assigned by the table" (nullptr).
+absl::Status ScoresOrNull(const Tensor& scores, const Tensor& keys, const uint64_t** out) {
+  *out = nullptr;
+  if (scores.NumElements() == 0 && scores.dims() == 1 && keys.NumElements() != 0) {
+    return absl::OkStatus();
+  }
+  if (scores.NumElements() == 0 && keys.NumElements() == 0) return absl::OkStatus();
+  TF_RETURN_IF_ERROR(CheckShape(keys.shape(), scores, "scores"));
+  // int64 scores carry the core's uint64 bits unchanged.
+  *out = static_cast<const uint64_t*>(scores.data());
+  return absl::OkStatus();
+}
+
+// Base of every op that takes a table handle as input 0: looks the resource
+// up, checks the op's key/value dtypes against the table, then calls
+// ComputeWithTable.
+class TableOpKernel : public OpKernel {
+ public:
+  explicit TableOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    if (HasAttr(ctx, "Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
+    if (HasAttr(ctx, "Tvalue")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tvalue", &value_dtype_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    tensorflow::core::RefCountPtr<TableResource> resource;
+    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0),
+                                                   &resource));
+    if (key_dtype_ != tensorflow::DT_INVALID) {
+      OP_REQUIRES(ctx, key_dtype_ == resource->key_dtype(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "keys must be ", tensorflow::DataTypeString(resource->key_dtype()),
+                      " for this table, got ", tensorflow::DataTypeString(key_dtype_))));
+    }
+    if (value_dtype_ != tensorflow::DT_INVALID) {
+      OP_REQUIRES(ctx, value_dtype_ == resource->value_dtype(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "values must be ", tensorflow::DataTypeString(resource->value_dtype()),
+                      " for this table, got ", tensorflow::DataTypeString(value_dtype_))));
+    }
+    ComputeWithTable(ctx, resource.get());
+  }
+
+ protected:
+  virtual void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) = 0;
+
+ private:
+  static bool HasAttr(OpKernelConstruction* ctx, const char* name) {
+    return ctx->def().attr().count(name) > 0;
+  }
+
+  DataType key_dtype_ = tensorflow::DT_INVALID;
+  DataType value_dtype_ = tensorflow::DT_INVALID;
+};
+
+// ---------------------------------------------------------------------------
+// Table ops
+// ---------------------------------------------------------------------------
+class FindOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& defaults = ctx->input(2);
+    const TensorShape out_shape = KeyedShape(keys.shape(), resource->value_shape());
+    const bool per_key = defaults.shape() == out_shape;
+    OP_REQUIRES(ctx, per_key || defaults.shape() == resource->value_shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "Expected shape ", resource->value_shape().DebugString(), " or ",
+                    out_shape.DebugString(), " for default_value, got ",
+                    defaults.shape().DebugString())));
+    Tensor* values;
+    Tensor* exists;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
+    KeyBatch batch(keys);
+    ThreadPoolRunner runner(ctx);
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Find(
+                            batch.data(), batch.size(), values->data(),
+                            static_cast<bool*>(exists->data()), defaults.data(), per_key, runner)));
+  }
+};
+
+// Checks keys/values/scores of Insert and Import; returns the scores pointer.
+absl::Status CheckInsertInputs(OpKernelContext* ctx, TableResource* resource,
+                               const uint64_t** scores) {
+  const Tensor& keys = ctx->input(1);
+  TF_RETURN_IF_ERROR(
+      CheckShape(KeyedShape(keys.shape(), resource->value_shape()), ctx->input(2), "values"));
+  return ScoresOrNull(ctx->input(3), keys, scores);
+}
+
+class InsertOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const uint64_t* scores;
+    OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+    KeyBatch batch(ctx->input(1));
+    ThreadPoolRunner runner(ctx);
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
+                                                            ctx->input(2).data(), scores, runner)));
+  }
+};
+
+class ImportOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    // Every input is checked before the content is dropped.
+    const uint64_t* scores;
+    OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+    KeyBatch batch(ctx->input(1));
+    ThreadPoolRunner runner(ctx);
+    resource->table().Clear();
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
+                                                            ctx->input(2).data(), scores, runner)));
+  }
+};
+
+class AccumOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const Tensor& keys = ctx->input(1);
+    const Tensor& deltas = ctx->input(2);
+    const Tensor& exists = ctx->input(3);
+    OP_REQUIRES_OK(ctx,
+                   CheckShape(KeyedShape(keys.shape(), resource->value_shape()), deltas, "values"));
+    OP_REQUIRES_OK(ctx, CheckShape(keys.shape(), exists, "exists"));
+    KeyBatch batch(keys);
+    ThreadPoolRunner runner(ctx);
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Accum(
+                            batch.data(), batch.size(), deltas.data(),
+                            static_cast<const bool*>(exists.data()), runner)));
+  }
+};
+
+class RemoveOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    KeyBatch batch(ctx->input(1));
+    ThreadPoolRunner runner(ctx);
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Remove(batch.data(), batch.size(), runner)));
+  }
+};
+
+class ClearOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext*, TableResource* resource) override {
+    resource->table().Clear();
+  }
+};
+
+class SizeOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    Tensor* size;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
+    size->scalar<int64_t>()() = resource->table().Size();
+  }
+};
+
+// Allocates the export outputs once the table knows its size.
+class TensorExportSink : public ExportSink {
+ public:
+  TensorExportSink(OpKernelContext* ctx, const TensorShape& value_shape)
+      : ctx_(ctx), value_shape_(value_shape) {}
+
+  Status Allocate(int64_t n, void** keys, void** values, uint64_t** scores) override {
+    Tensor* keys_t;
+    Tensor* values_t;
+    Tensor* scores_t;
+    absl::Status s = ctx_->allocate_output(0, TensorShape({n}), &keys_t);
+    if (s.ok()) s = ctx_->allocate_output(1, KeyedShape(TensorShape({n}), value_shape_), &values_t);
+    if (s.ok()) s = ctx_->allocate_output(2, TensorShape({n}), &scores_t);
+    if (!s.ok()) return Status(StatusCode::kResourceExhausted, std::string(s.message()));
+    if (keys_t->dtype() == tensorflow::DT_STRING) {
+      string_keys_ = keys_t->flat<tensorflow::tstring>().data();
+      *keys = nullptr;
+    } else {
+      *keys = keys_t->data();
+    }
+    *values = values_t->data();
+    *scores = static_cast<uint64_t*>(scores_t->data());
+    return Status::Ok();
+  }
+
+  void SetStringKey(int64_t i, std::string_view key) override {
+    string_keys_[i].assign(key.data(), key.size());
+  }
+
+ private:
+  OpKernelContext* ctx_;
+  TensorShape value_shape_;
+  tensorflow::tstring* string_keys_ = nullptr;
+};
+
+class ExportOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    TensorExportSink sink(ctx, resource->value_shape());
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Export(&sink)));
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Streaming save / load through TF's file systems (local, GCS, HDFS, ...).
+// ---------------------------------------------------------------------------
+class WritableFileSink : public ByteSink {
+ public:
+  explicit WritableFileSink(std::unique_ptr<tensorflow::WritableFile> file)
+      : file_(std::move(file)) {}
+  Status Append(const void* data, size_t size) override {
+    return FromTf(file_->Append(absl::string_view(static_cast<const char*>(data), size)));
+  }
+  Status Close() override { return FromTf(file_->Close()); }
+
+  static Status FromTf(const absl::Status& s) {
+    if (s.ok()) return Status::Ok();
+    return Status(static_cast<StatusCode>(s.code()), std::string(s.message()));
+  }
+
+ private:
+  std::unique_ptr<tensorflow::WritableFile> file_;
+};
+
+class InputBufferSource : public ByteSource {
+ public:
+  explicit InputBufferSource(std::unique_ptr<tensorflow::RandomAccessFile> file)
+      : file_(std::move(file)), buffer_(file_.get(), 4 << 20) {}
+  Status Read(void* data, size_t size, bool* eof) override {
+    *eof = false;
+    size_t read = 0;
+    absl::Status s =
+        buffer_.ReadNBytes(static_cast<int64_t>(size), static_cast<char*>(data), &read);
+    if (absl::IsOutOfRange(s) && read == 0) {
+      *eof = true;
+      return Status::Ok();
+    }
+    if (!s.ok() && !absl::IsOutOfRange(s)) return WritableFileSink::FromTf(s);
+    if (read != size) return Status(StatusCode::kDataLoss, "table file is truncated");
+    return Status::Ok();
+  }
+
+ private:
+  std::unique_ptr<tensorflow::RandomAccessFile> file_;
+  tensorflow::io::InputBuffer buffer_;
+};
+
+class SaveToFileOp : public TableOpKernel {
+ public:
+  explicit SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
+  }
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const std::string path(ctx->input(1).scalar<tensorflow::tstring>()());
+    // Write beside the target and rename, so a crash never leaves a torn file
+    // under the final name.
+    const std::string tmp_path = path + ".tmp";
+    tensorflow::Env* env = tensorflow::Env::Default();
+    std::unique_ptr<tensorflow::WritableFile> file;
+    OP_REQUIRES_OK(ctx, env->NewWritableFile(tmp_path, &file));
+    WritableFileSink sink(std::move(file));
+    OP_REQUIRES_OK(ctx, ToTfStatus(SaveTable(resource->table(), chunk_rows_, &sink)));
+    OP_REQUIRES_OK(ctx, env->RenameFile(tmp_path, path));
+  }
+
+ private:
+  int64_t chunk_rows_;
+};
+
+class LoadFromFileOp : public TableOpKernel {
+ public:
+  explicit LoadFromFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &clear_first_));
+  }
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const std::string path(ctx->input(1).scalar<tensorflow::tstring>()());
+    std::unique_ptr<tensorflow::RandomAccessFile> file;
+    OP_REQUIRES_OK(ctx, tensorflow::Env::Default()->NewRandomAccessFile(path, &file));
+    InputBufferSource source(std::move(file));
+    ThreadPoolRunner runner(ctx);
+    Status status = LoadTable(&source, resource->table(), chunk_rows_, clear_first_, runner);
+    OP_REQUIRES_OK(ctx, ToTfStatus(status.ok() ? status
+                                               : Status(status.code(), path + ": " + status.message())));
+  }
+
+ private:
+  int64_t chunk_rows_;
+  bool clear_first_;
+};
+
+#define DYNEMB_REGISTER_CPU(name, kernel) \
+  REGISTER_KERNEL_BUILDER(Name(name).Device(tensorflow::DEVICE_CPU), kernel)
+
+DYNEMB_REGISTER_CPU("DynembHashTable", CreateTableOp);
+DYNEMB_REGISTER_CPU("DynembTableFind", FindOp);
+DYNEMB_REGISTER_CPU("DynembTableInsert", InsertOp);
+DYNEMB_REGISTER_CPU("DynembTableAccum", AccumOp);
+DYNEMB_REGISTER_CPU("DynembTableRemove", RemoveOp);
+DYNEMB_REGISTER_CPU("DynembTableClear", ClearOp);
+DYNEMB_REGISTER_CPU("DynembTableSize", SizeOp);
+DYNEMB_REGISTER_CPU("DynembTableExport", ExportOp);
+DYNEMB_REGISTER_CPU("DynembTableImport", ImportOp);
+DYNEMB_REGISTER_CPU("DynembTableSaveToFile", SaveToFileOp);
+DYNEMB_REGISTER_CPU("DynembTableLoadFromFile", LoadFromFileOp);
+
+#undef DYNEMB_REGISTER_CPU
+
+}  // namespace
+}  // namespace dynemb

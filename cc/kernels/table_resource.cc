@@ -1,0 +1,53 @@
+#include "cc/kernels/table_resource.h"
+
+#include "tensorflow/core/framework/types.pb.h"
+
+namespace dynemb {
+
+bool ToCoreKeyType(tensorflow::DataType dtype, KeyType* out) {
+  switch (dtype) {
+    case tensorflow::DT_INT32: *out = KeyType::kInt32; return true;
+    case tensorflow::DT_INT64: *out = KeyType::kInt64; return true;
+    case tensorflow::DT_STRING: *out = KeyType::kString; return true;
+    default: return false;
+  }
+}
+
+bool ToCoreValueType(tensorflow::DataType dtype, ValueType* out) {
+  switch (dtype) {
+    case tensorflow::DT_FLOAT: *out = ValueType::kFloat32; return true;
+    case tensorflow::DT_DOUBLE: *out = ValueType::kFloat64; return true;
+    case tensorflow::DT_HALF: *out = ValueType::kFloat16; return true;
+    case tensorflow::DT_BFLOAT16: *out = ValueType::kBFloat16; return true;
+    case tensorflow::DT_INT8: *out = ValueType::kInt8; return true;
+    case tensorflow::DT_INT32: *out = ValueType::kInt32; return true;
+    case tensorflow::DT_INT64: *out = ValueType::kInt64; return true;
+    case tensorflow::DT_BOOL: *out = ValueType::kBool; return true;
+    default: return false;
+  }
+}
+
+absl::Status ToTfStatus(const Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.code()), status.message());
+}
+
+ThreadPoolRunner::ThreadPoolRunner(tensorflow::OpKernelContext* ctx)
+    : pool_(ctx->device()->tensorflow_cpu_worker_threads()->workers) {}
+
+void ThreadPoolRunner::ParallelFor(int64_t n, int64_t cost_per_unit,
+                                   const std::function<void(int64_t, int64_t)>& fn) const {
+  pool_->ParallelFor(n, cost_per_unit, fn);
+}
+
+std::string TableResource::DebugString() const {
+  const TableOptions& opt = table_->options();
+  return absl::StrCat("DynembTable(key=", tensorflow::DataTypeString(key_dtype_),
+                      ", value=", tensorflow::DataTypeString(value_dtype_),
+                      ", value_shape=", value_shape_.DebugString(), ", size=", table_->Size(),
+                      opt.max_capacity > 0 ? absl::StrCat(", max_capacity=", opt.max_capacity)
+                                           : std::string(),
+                      ")");
+}
+
+}  // namespace dynemb

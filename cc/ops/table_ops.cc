@@ -1,0 +1,276 @@
+// Op registrations for dynamic-embedding tables: REGISTER_OP and named shape
+// functions only. Kernels live in cc/kernels/.
+//
+// Every op that reads or writes a table takes the table's resource handle. The
+// create op records the value shape in the handle's shapes-and-types, so the
+// shape functions below can check value tensors at graph-construction time.
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace dynemb {
+namespace {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeAndType;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+constexpr char kKeyTypes[] = "{int32, int64, string}";
+constexpr char kValueTypes[] = "{float, double, half, bfloat16, int8, int32, int64, bool}";
+
+std::string TypeAttr(const char* name, const char* types) {
+  return std::string(name) + ": " + types;
+}
+
+// The value shape recorded in the table handle, or unknown.
+ShapeHandle ValueShapeOfHandle(InferenceContext* c) {
+  const auto* handle_data = c->input_handle_shapes_and_types(0);
+  if (handle_data == nullptr || handle_data->size() != 2) return c->UnknownShape();
+  return (*handle_data)[1].shape;
+}
+
+// Checks that `actual` is compatible with `expected`; the error message says
+// "Expected shape" so users and tests can recognise it in any mode.
+absl::Status CheckShape(InferenceContext* c, ShapeHandle expected, ShapeHandle actual,
+                        const char* what) {
+  ShapeHandle unused;
+  if (!c->Merge(expected, actual, &unused).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("Expected shape ", c->DebugString(expected),
+                                                   " for ", what, ", got ",
+                                                   c->DebugString(actual)));
+  }
+  return absl::OkStatus();
+}
+
+// keys.shape + value_shape.
+absl::Status KeyedValueShape(InferenceContext* c, ShapeHandle keys, ShapeHandle* out) {
+  return c->Concatenate(keys, ValueShapeOfHandle(c), out);
+}
+
+absl::Status CreateTableShape(InferenceContext* c) {
+  tensorflow::PartialTensorShape value_p;
+  TF_RETURN_IF_ERROR(c->GetAttr("value_shape", &value_p));
+  tensorflow::DataType key_dtype, value_dtype;
+  TF_RETURN_IF_ERROR(c->GetAttr("key_dtype", &key_dtype));
+  TF_RETURN_IF_ERROR(c->GetAttr("value_dtype", &value_dtype));
+  if (!value_p.IsFullyDefined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value_shape must be fully defined, got ", value_p.DebugString()));
+  }
+  if (value_p.num_elements() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value_shape must have at least one element (dim >= 1), got ", value_p.DebugString()));
+  }
+  ShapeHandle value_shape;
+  TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(value_p, &value_shape));
+  c->set_output(0, c->Scalar());
+  c->set_output_handle_shapes_and_types(
+      0, std::vector<ShapeAndType>{{c->Scalar(), key_dtype}, {value_shape, value_dtype}});
+  return absl::OkStatus();
+}
+
+absl::Status FindShape(InferenceContext* c) {
+  ShapeHandle handle;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &handle));
+  ShapeHandle keys = c->input(1);
+  ShapeHandle values;
+  TF_RETURN_IF_ERROR(KeyedValueShape(c, keys, &values));
+  // The default is one row (broadcast) or one row per key.
+  ShapeHandle defaults = c->input(2);
+  ShapeHandle value_shape = ValueShapeOfHandle(c);
+  if (c->RankKnown(defaults) && c->RankKnown(value_shape) && c->RankKnown(keys) &&
+      c->Rank(defaults) != c->Rank(value_shape)) {
+    TF_RETURN_IF_ERROR(CheckShape(c, values, defaults, "default_value"));
+  } else if (c->RankKnown(defaults) && c->RankKnown(value_shape) &&
+             c->Rank(defaults) == c->Rank(value_shape)) {
+    TF_RETURN_IF_ERROR(CheckShape(c, value_shape, defaults, "default_value"));
+  }
+  c->set_output(0, values);
+  c->set_output(1, keys);
+  return absl::OkStatus();
+}
+
+// Checks (handle, keys, values[, third input shaped like keys or empty]).
+absl::Status KeysAndValuesShape(InferenceContext* c, const char* third_name) {
+  ShapeHandle handle;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &handle));
+  ShapeHandle keys = c->input(1);
+  ShapeHandle expected;
+  TF_RETURN_IF_ERROR(KeyedValueShape(c, keys, &expected));
+  TF_RETURN_IF_ERROR(CheckShape(c, expected, c->input(2), "values"));
+  if (third_name != nullptr && c->num_inputs() > 3) {
+    ShapeHandle third = c->input(3);
+    // Scores may be empty ([0]) to mean "let the table assign them".
+    bool empty = c->RankKnown(third) && c->Rank(third) == 1 &&
+                 c->ValueKnown(c->Dim(third, 0)) && c->Value(c->Dim(third, 0)) == 0;
+    if (!empty) TF_RETURN_IF_ERROR(CheckShape(c, keys, third, third_name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InsertShape(InferenceContext* c) { return KeysAndValuesShape(c, "scores"); }
+
+absl::Status AccumShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(KeysAndValuesShape(c, nullptr));
+  return CheckShape(c, c->input(1), c->input(3), "exists");
+}
+
+absl::Status HandleOnlyShape(InferenceContext* c) {
+  ShapeHandle handle;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &handle));
+  return absl::OkStatus();
+}
+
+absl::Status RemoveShape(InferenceContext* c) { return HandleOnlyShape(c); }
+
+absl::Status SizeShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+  c->set_output(0, c->Scalar());
+  return absl::OkStatus();
+}
+
+absl::Status ExportShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+  ShapeHandle keys = c->Vector(c->UnknownDim());
+  ShapeHandle values;
+  TF_RETURN_IF_ERROR(KeyedValueShape(c, keys, &values));
+  c->set_output(0, keys);
+  c->set_output(1, values);
+  c->set_output(2, keys);
+  return absl::OkStatus();
+}
+
+absl::Status FileOpShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+  ShapeHandle path;
+  return c->WithRank(c->input(1), 0, &path);
+}
+
+}  // namespace
+
+REGISTER_OP("DynembHashTable")
+    .Output("table_handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("use_node_name_sharing: bool = false")
+    .Attr("anonymous: bool = false")
+    .Attr(TypeAttr("key_dtype", kKeyTypes))
+    .Attr(TypeAttr("value_dtype", kValueTypes))
+    .Attr("value_shape: shape = {}")
+    .Attr("init_capacity: int >= 0 = 0")
+    .Attr("max_capacity: int >= 0 = 0")
+    .Attr("evict_strategy: {'lru', 'lfu', 'epoch_lru', 'epoch_lfu', 'customized'} = 'lru'")
+    .Attr("step_per_epoch: int >= 0 = 0")
+    .Attr("find_updates_scores: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(CreateTableShape)
+    .Doc(R"doc(
+Creates a dynamic-embedding hash table and returns its handle.
+
+With `anonymous`, the handle is ref-counted and the table lives as long as a
+handle to it does. Otherwise the table lives in the resource manager under
+`container`/`shared_name` (or the node name with `use_node_name_sharing`).
+max_capacity: 0 for an unbounded table.
+)doc");
+
+REGISTER_OP("DynembTableFind")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("default_value: Tvalue")
+    .Output("values: Tvalue")
+    .Output("exists: bool")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(FindShape)
+    .Doc(R"doc(
+Looks up keys of any shape. `default_value` is one row (value_shape, broadcast
+to every missing key) or keys.shape + value_shape.
+)doc");
+
+REGISTER_OP("DynembTableInsert")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("values: Tvalue")
+    .Input("scores: int64")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(InsertShape)
+    .Doc(R"doc(
+Upserts keys with values (keys.shape + value_shape). `scores` is keys.shape to
+set scores explicitly, or shape [0] to let the table's strategy assign them.
+)doc");
+
+REGISTER_OP("DynembTableAccum")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("values_or_deltas: Tvalue")
+    .Input("exists: bool")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(AccumShape)
+    .Doc(R"doc(
+Per key: exists and present -> value += delta; not exists and absent -> insert
+the value; otherwise no change.
+)doc");
+
+REGISTER_OP("DynembTableRemove")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .SetShapeFn(RemoveShape);
+
+REGISTER_OP("DynembTableClear")
+    .Input("table_handle: resource")
+    .SetShapeFn(HandleOnlyShape);
+
+REGISTER_OP("DynembTableSize")
+    .Input("table_handle: resource")
+    .Output("size: int64")
+    .SetShapeFn(SizeShape);
+
+REGISTER_OP("DynembTableExport")
+    .Input("table_handle: resource")
+    .Output("keys: Tkey")
+    .Output("values: Tvalue")
+    .Output("scores: int64")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(ExportShape);
+
+REGISTER_OP("DynembTableImport")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("values: Tvalue")
+    .Input("scores: int64")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(InsertShape)
+    .Doc(R"doc(
+Replaces the whole content of the table (scores as in DynembTableInsert).
+)doc");
+
+REGISTER_OP("DynembTableSaveToFile")
+    .Input("table_handle: resource")
+    .Input("filepath: string")
+    .Attr("chunk_rows: int >= 1 = 65536")
+    .SetShapeFn(FileOpShape)
+    .Doc(R"doc(
+Streams the table to one file in chunks of `chunk_rows` entries, holding no
+second copy of the table in memory.
+)doc");
+
+REGISTER_OP("DynembTableLoadFromFile")
+    .Input("table_handle: resource")
+    .Input("filepath: string")
+    .Attr("chunk_rows: int >= 1 = 65536")
+    .Attr("clear_first: bool = true")
+    .SetShapeFn(FileOpShape)
+    .Doc(R"doc(
+Streams a file written by DynembTableSaveToFile into the table (with
+`clear_first`, replacing its content). Key type, value type and value size must
+match the table's; the error names both.
+)doc");
+
+}  // namespace dynemb
