@@ -15,6 +15,8 @@
 //     table ranks its keys exactly as the saved one did. How a batch assigns
 //     scores is the table's EvictStrategy (see ScoreClock below); scores passed
 //     explicitly by the caller always win (that is how import restores them).
+//   * Explicit scores move the table's LRU clock and epoch past them, so
+//     entries written after an import rank above the imported ones.
 //   * Batch semantics are sequential: the result of Insert, Accum or Remove on
 //     a batch equals applying its rows one by one in order, so duplicate keys
 //     in a batch are deterministic (the last insert wins, accum deltas add up).
@@ -222,9 +224,12 @@ class ByteSink {
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
-  // Reads exactly `size` bytes; fewer is kDataLoss (or kOutOfRange at EOF
-  // before the first byte, reported as *eof = true with Ok status).
+  // Reads exactly `size` bytes. At the end of the stream before the first
+  // byte: Ok with *eof = true; a partial read is kDataLoss.
   virtual Status Read(void* data, size_t size, bool* eof) = 0;
+  // Goes back to the first byte (the loader validates a file fully before it
+  // clears the table, then reads it again).
+  virtual Status Rewind() = 0;
 };
 
 // Counters since creation (monotonic; Clear does not reset them).

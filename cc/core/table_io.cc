@@ -86,12 +86,10 @@ Status SaveTable(Table& table, int64_t chunk_rows, ByteSink* sink) {
   return sink->Close();
 }
 
-Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clear_first,
-                 const Runner& runner) {
-  if (chunk_rows < 1) {
-    return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
-  }
-  const TableOptions& opt = table.options();
+namespace {
+
+// Reads the header and checks it against the table.
+Status ReadHeader(ByteSource* source, const TableOptions& opt) {
   Header header{};
   DYNEMB_RETURN_IF_ERROR(ReadExact(source, &header, sizeof(header), "the header"));
   if (std::memcmp(header.magic, kMagic, 8) != 0) {
@@ -109,8 +107,14 @@ Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clea
                            " but the table has " +
                            Describe(opt.key_type, opt.value_type, opt.dim));
   }
-  if (clear_first) table.Clear();
+  return Status::Ok();
+}
 
+// Reads the records after the header in batches of at most chunk_rows rows,
+// inserting each batch into `table` (or, with table == nullptr, only checking
+// that the stream is complete and well formed).
+Status ReadRecords(ByteSource* source, const TableOptions& opt, int64_t chunk_rows, Table* table,
+                   const Runner& runner) {
   const size_t value_bytes = opt.value_bytes();
   const bool string_keys = opt.key_type == KeyType::kString;
   const size_t key_bytes = string_keys ? 0 : NumericKeyBytes(opt.key_type);
@@ -144,13 +148,15 @@ Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clea
         DYNEMB_RETURN_IF_ERROR(
             ReadExact(source, values.data() + i * value_bytes, value_bytes, "a value row"));
       }
-      const void* keys = numeric_keys.data();
-      if (string_keys) {
-        string_keys_view.assign(string_storage.begin(), string_storage.end());
-        keys = string_keys_view.data();
+      if (table != nullptr) {
+        const void* keys = numeric_keys.data();
+        if (string_keys) {
+          string_keys_view.assign(string_storage.begin(), string_storage.end());
+          keys = string_keys_view.data();
+        }
+        DYNEMB_RETURN_IF_ERROR(
+            table->Insert(keys, static_cast<int64_t>(batch), values.data(), scores.data(), runner));
       }
-      DYNEMB_RETURN_IF_ERROR(
-          table.Insert(keys, static_cast<int64_t>(batch), values.data(), scores.data(), runner));
       done += batch;
       total += batch;
     }
@@ -163,6 +169,26 @@ Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clea
                                              std::to_string(total));
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clear_first,
+                 const Runner& runner) {
+  if (chunk_rows < 1) {
+    return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
+  }
+  const TableOptions& opt = table.options();
+  if (clear_first) {
+    // A damaged file must not cost the table its content: read it through
+    // once before clearing (reading is far cheaper than inserting).
+    DYNEMB_RETURN_IF_ERROR(ReadHeader(source, opt));
+    DYNEMB_RETURN_IF_ERROR(ReadRecords(source, opt, chunk_rows, nullptr, runner));
+    DYNEMB_RETURN_IF_ERROR(source->Rewind());
+  }
+  DYNEMB_RETURN_IF_ERROR(ReadHeader(source, opt));
+  if (clear_first) table.Clear();
+  return ReadRecords(source, opt, chunk_rows, &table, runner);
 }
 
 }  // namespace dynemb

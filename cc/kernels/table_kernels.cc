@@ -413,6 +413,7 @@ class InputBufferSource : public ByteSource {
  public:
   explicit InputBufferSource(std::unique_ptr<tensorflow::RandomAccessFile> file)
       : file_(std::move(file)), buffer_(file_.get(), 4 << 20) {}
+  Status Rewind() override { return WritableFileSink::FromTf(buffer_.Seek(0)); }
   Status Read(void* data, size_t size, bool* eof) override {
     *eof = false;
     size_t read = 0;

@@ -233,24 +233,24 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
-    ScoreContext ctx = WriteScoreContext(scores);
+    ScoreContext ctx = WriteScoreContext(scores, n);
     const char* src = static_cast<const char*>(values);
     return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
       std::unique_lock<std::shared_mutex> lock(shard.mu);
       PassCounters pc;
       Status status;
-      for (int64_t p = 0; p < count; ++p) {
-        PrefetchHome(shard, plan.hashes, idx, p + kPrefetchDistance, count);
+      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
+        if (!status.ok()) return;
         const uint32_t i = idx[p];
         uint32_t row = 0;
         bool existed = false;
         status = FindOrInsert(shard, plan.hashes[i], in[i], &row, &existed);
-        if (!status.ok()) break;
+        if (!status.ok()) return;
         char* r = shard.rows.Row(row);
         std::memcpy(r + value_offset_, src + i * value_bytes_, value_bytes_);
         SetScore(r, ctx.Score(i, existed, existed ? AtomicLoadScore(r + score_offset_) : 0));
         ++(existed ? pc.updates : pc.inserts);
-      }
+      });
       Publish(pc);
       return status;
     });
@@ -264,14 +264,14 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
-    ScoreContext ctx = WriteScoreContext(nullptr);
+    ScoreContext ctx = WriteScoreContext(nullptr, n);
     const char* src = static_cast<const char*>(deltas);
     return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
       std::unique_lock<std::shared_mutex> lock(shard.mu);
       PassCounters pc;
       Status status;
-      for (int64_t p = 0; p < count; ++p) {
-        PrefetchHome(shard, plan.hashes, idx, p + kPrefetchDistance, count);
+      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
+        if (!status.ok()) return;
         const uint32_t i = idx[p];
         const uint64_t pos = FindPosition(shard, plan.hashes[i], in[i]);
         const bool present = !SlotEmpty(shard.slots[pos]);
@@ -284,13 +284,13 @@ class CpuTable final : public Table {
           uint32_t row = 0;
           bool existed = false;
           status = FindOrInsert(shard, plan.hashes[i], in[i], &row, &existed);
-          if (!status.ok()) break;
+          if (!status.ok()) return;
           char* r = shard.rows.Row(row);
           std::memcpy(r + value_offset_, src + i * value_bytes_, value_bytes_);
           SetScore(r, ctx.Score(i, false, 0));
           ++pc.inserts;
         }
-      }
+      });
       Publish(pc);
       return status;
     });
@@ -305,14 +305,13 @@ class CpuTable final : public Table {
     return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
       std::unique_lock<std::shared_mutex> lock(shard.mu);
       PassCounters pc;
-      for (int64_t p = 0; p < count; ++p) {
-        PrefetchHome(shard, plan.hashes, idx, p + kPrefetchDistance, count);
+      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
         const uint32_t i = idx[p];
         const uint64_t pos = FindPosition(shard, plan.hashes[i], in[i]);
-        if (SlotEmpty(shard.slots[pos])) continue;
+        if (SlotEmpty(shard.slots[pos])) return;
         EraseAt(shard, pos);
         ++pc.removes;
-      }
+      });
       Publish(pc);
       return Status::Ok();
     });
@@ -419,14 +418,39 @@ class CpuTable final : public Table {
   uint64_t NextClock() { return clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   uint64_t CurrentEpoch() const {
-    if (options_.step_per_epoch <= 0) return 0;
-    return write_batches_.load(std::memory_order_relaxed) /
-           static_cast<uint64_t>(options_.step_per_epoch);
+    const uint64_t floor = epoch_floor_.load(std::memory_order_relaxed);
+    if (options_.step_per_epoch <= 0) return floor;
+    return std::max(floor, write_batches_.load(std::memory_order_relaxed) /
+                               static_cast<uint64_t>(options_.step_per_epoch));
+  }
+
+  static void AtomicMax(std::atomic<uint64_t>& target, uint64_t value) {
+    uint64_t current = target.load(std::memory_order_relaxed);
+    while (current < value &&
+           !target.compare_exchange_weak(current, value, std::memory_order_relaxed)) {
+    }
+  }
+
+  // Explicit scores (import, restore) move the clock and the epoch forward
+  // past them, so keys written afterwards rank above the restored ones, as
+  // they would have in the table that was saved.
+  void AdvancePastScores(const uint64_t* scores, int64_t n) {
+    uint64_t max_clock = 0, max_epoch = 0;
+    const bool epochs = options_.strategy == EvictStrategy::kEpochLru ||
+                        options_.strategy == EvictStrategy::kEpochLfu;
+    if (!epochs && options_.strategy != EvictStrategy::kLru) return;
+    for (int64_t i = 0; i < n; ++i) {
+      max_clock = std::max(max_clock, epochs ? (scores[i] & 0xffffffffu) : scores[i]);
+      max_epoch = std::max(max_epoch, scores[i] >> 32);
+    }
+    if (options_.strategy != EvictStrategy::kEpochLfu) AtomicMax(clock_, max_clock);
+    if (epochs) AtomicMax(epoch_floor_, max_epoch);
   }
 
   // Score state for a writing batch: one clock tick per batch; the epoch
   // counts Insert/Accum batches.
-  ScoreContext WriteScoreContext(const uint64_t* explicit_scores) {
+  ScoreContext WriteScoreContext(const uint64_t* explicit_scores, int64_t n) {
+    if (explicit_scores != nullptr) AdvancePastScores(explicit_scores, n);
     ScoreContext ctx{options_.strategy, NextClock(), CurrentEpoch(), explicit_scores};
     write_batches_.fetch_add(1, std::memory_order_relaxed);
     return ctx;
@@ -477,13 +501,6 @@ class CpuTable final : public Table {
       runner.ParallelFor(kNumShards, keys_per_shard * 200, run);
     }
     return first_error;
-  }
-
-  static void PrefetchHome(const Shard& shard, const std::vector<uint64_t>& hashes,
-                           const uint32_t* idx, int64_t p, int64_t count) {
-    if (p < count) {
-      __builtin_prefetch(&shard.slots[SlotHash(hashes[idx[p]]) & shard.mask()]);
-    }
   }
 
   // The slot holding `key`, or the empty slot that ends its probe sequence.
@@ -570,51 +587,55 @@ class CpuTable final : public Table {
     shard.size.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  // Lookup pipeline over one shard: slots are prefetched 2 * D keys ahead,
-  // the candidate row is found and prefetched D keys ahead, and the row is
-  // read (key verified, values copied) last, so both cache misses overlap
-  // with work on other keys.
-  void FindInShard(const Shard& shard, const uint64_t* hashes, const uint32_t* idx,
-                   int64_t count, const In* keys, char* out, bool* exists, const char* defaults,
-                   bool default_per_key, const ScoreContext* touch) const {
+  // Visits a shard's keys in batch order, overlapping their cache misses:
+  // slots are prefetched 2 * D keys ahead; D keys ahead the first row whose
+  // slot hash matches is found and prefetched; then visit(p, candidate) runs
+  // with both most likely in cache. The candidate is a hint: visit must
+  // verify it (Find does) or probe again (writers do, since their own inserts
+  // may have moved slots since).
+  template <typename Visit>
+  static void PipelinedLoop(const Shard& shard, const uint64_t* hashes, const uint32_t* idx,
+                            int64_t count, Visit&& visit) {
     constexpr int64_t D = kPrefetchDistance;
     uint32_t candidates[D];
-    PassCounters pc;
-    pc.lookups = count;
-    const uint64_t mask = shard.mask();
     for (int64_t t = 0; t < count + 2 * D; ++t) {
-      if (t < count) __builtin_prefetch(&shard.slots[SlotHash(hashes[idx[t]]) & mask]);
-      const int64_t c = t - 2 * D;  // finish
-      if (c >= 0) {
-        const uint32_t i = idx[c];
-        uint32_t row = candidates[c % D];
-        if (row != RowSlab::kInvalidRow && !Traits::Equal(shard.rows.Row(row), keys[i])) {
-          // Another key shares the 32 hash bits: take the slow, exact path.
-          const uint64_t pos = FindPosition(shard, hashes[i], keys[i]);
-          row = SlotRow(shard.slots[pos]);
-        }
-        char* dst = out + static_cast<size_t>(i) * value_bytes_;
-        if (row != RowSlab::kInvalidRow) {
-          char* r = shard.rows.Row(row);
-          std::memcpy(dst, r + value_offset_, value_bytes_);
-          if (touch != nullptr) SetScore(r, touch->Score(i, true, AtomicLoadScore(r + score_offset_)));
-          if (exists != nullptr) exists[i] = true;
-        } else {
-          std::memcpy(dst, defaults + (default_per_key ? static_cast<size_t>(i) * value_bytes_ : 0),
-                      value_bytes_);
-          if (exists != nullptr) exists[i] = false;
-          ++pc.misses;
-        }
-      }
-      const int64_t b = t - D;  // probe
+      if (t < count) __builtin_prefetch(&shard.slots[SlotHash(hashes[idx[t]]) & shard.mask()]);
+      const int64_t c = t - 2 * D;
+      if (c >= 0) visit(c, candidates[c % D]);
+      const int64_t b = t - D;
       if (b >= 0 && b < count) {
         const uint32_t row = CandidateRow(shard, hashes[idx[b]]);
         candidates[b % D] = row;
         if (row != RowSlab::kInvalidRow) __builtin_prefetch(shard.rows.Row(row));
       }
     }
-    lookups_.fetch_add(pc.lookups, std::memory_order_relaxed);
-    misses_.fetch_add(pc.misses, std::memory_order_relaxed);
+  }
+
+  void FindInShard(const Shard& shard, const uint64_t* hashes, const uint32_t* idx,
+                   int64_t count, const In* keys, char* out, bool* exists, const char* defaults,
+                   bool default_per_key, const ScoreContext* touch) const {
+    uint64_t misses = 0;
+    PipelinedLoop(shard, hashes, idx, count, [&](int64_t p, uint32_t row) {
+      const uint32_t i = idx[p];
+      if (row != RowSlab::kInvalidRow && !Traits::Equal(shard.rows.Row(row), keys[i])) {
+        // Another key shares the 32 hash bits: take the exact path.
+        row = SlotRow(shard.slots[FindPosition(shard, hashes[i], keys[i])]);
+      }
+      char* dst = out + static_cast<size_t>(i) * value_bytes_;
+      if (row != RowSlab::kInvalidRow) {
+        char* r = shard.rows.Row(row);
+        std::memcpy(dst, r + value_offset_, value_bytes_);
+        if (touch != nullptr) SetScore(r, touch->Score(i, true, AtomicLoadScore(r + score_offset_)));
+        if (exists != nullptr) exists[i] = true;
+      } else {
+        std::memcpy(dst, defaults + (default_per_key ? static_cast<size_t>(i) * value_bytes_ : 0),
+                    value_bytes_);
+        if (exists != nullptr) exists[i] = false;
+        ++misses;
+      }
+    });
+    lookups_.fetch_add(static_cast<uint64_t>(count), std::memory_order_relaxed);
+    misses_.fetch_add(misses, std::memory_order_relaxed);
   }
 
   void Publish(const PassCounters& pc) {
@@ -674,6 +695,7 @@ class CpuTable final : public Table {
 
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> write_batches_{0};
+  std::atomic<uint64_t> epoch_floor_{0};
   mutable std::atomic<uint64_t> inserts_{0}, updates_{0}, lookups_{0}, misses_{0}, removes_{0},
       evictions_{0};
 };
