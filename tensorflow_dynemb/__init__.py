@@ -1,0 +1,32 @@
+"""tensorflow_dynemb: dynamic-embedding hash tables for TensorFlow recommender models.
+
+A drop-in for TFRA's `dynamic_embedding` module::
+
+    import tensorflow_dynemb as de
+
+Importing the package loads the op library and changes nothing in TensorFlow or Keras.
+"""
+
+from tensorflow_dynemb import _ops
+from tensorflow_dynemb.tables import (
+    CuckooHashTable,
+    HashTable,
+    HkvEvictStrategy,
+    HkvHashTable,
+    HkvHashTableConfig,
+)
+
+__version__ = "0.1.0"
+
+# Register the ops now, so that graphs and SavedModels using them load after
+# `import tensorflow_dynemb` (raises one clear ImportError if the library is unusable).
+_ops.load_op_library()
+
+__all__ = [
+    "CuckooHashTable",
+    "HashTable",
+    "HkvEvictStrategy",
+    "HkvHashTable",
+    "HkvHashTableConfig",
+    "__version__",
+]

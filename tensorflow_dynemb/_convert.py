@@ -1,0 +1,126 @@
+"""Input conversion shared by the table, variable and lookup layers.
+
+Python lists, scalars and NumPy arrays are converted to the table's dtype; a tensor of
+another dtype is a `TypeError` (never a silent cast), raised before any op runs. Errors
+name the argument, the value received and what was expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+# Anything `tf.convert_to_tensor` accepts: tensors, variables, NumPy arrays, Python
+# scalars and (nested) lists.
+TensorLike = Any
+DTypeLike = Union[tf.dtypes.DType, str, type, np.dtype]
+
+KEY_DTYPES = (tf.int32, tf.int64, tf.string)
+VALUE_DTYPES = (
+    tf.float32,
+    tf.float64,
+    tf.float16,
+    tf.bfloat16,
+    tf.int8,
+    tf.int32,
+    tf.int64,
+    tf.bool,
+)
+
+
+def _is_tensor_like(value: Any) -> bool:
+    """True for TF tensors, TF/Keras variables and other objects that carry a TF dtype."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return False
+    return tf.is_tensor(value) or isinstance(value, tf.Variable) or hasattr(value, "dtype")
+
+
+def _accepted_numpy_kinds(dtype: tf.dtypes.DType) -> str:
+    """NumPy dtype kinds that convert to `dtype` without changing any value's meaning."""
+    if dtype == tf.string:
+        return "USO"
+    if dtype == tf.bool:
+        return "bO"
+    if dtype.is_integer:
+        return "biuO"
+    return "biufVO"  # floating point ("V": ml_dtypes' bfloat16)
+
+
+def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
+    """Converts `value` to a tensor of `dtype`, raising `TypeError` on a dtype mismatch.
+
+    A tensor (or variable) must already have `dtype`: it is never cast silently. Python
+    lists, scalars and NumPy arrays are converted, unless the conversion would change a
+    value (a float or string into an integer, an integer out of the range of `dtype`).
+    """
+    if _is_tensor_like(value):
+        try:
+            received = tf.as_dtype(value.dtype)
+        except TypeError as e:
+            raise TypeError(
+                f"`{arg}` must be a tensor of dtype {dtype.name}; got {type(value).__name__} "
+                f"with dtype {value.dtype!r}."
+            ) from e
+        if received != dtype:
+            raise TypeError(
+                f"`{arg}` must have dtype {dtype.name} (the table's dtype), "
+                f"got a tensor of dtype {received.name}."
+            )
+        return tf.convert_to_tensor(value, dtype=dtype, name=arg)
+
+    array = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+    if array is not None and array.size > 0:
+        if array.dtype.kind not in _accepted_numpy_kinds(dtype):
+            raise TypeError(
+                f"`{arg}` must hold values convertible to {dtype.name} (the table's dtype), "
+                f"got {type(value).__name__} of NumPy dtype {array.dtype}."
+            )
+        if dtype.is_integer and array.dtype.kind in "iu":
+            info = np.iinfo(dtype.as_numpy_dtype)
+            low, high = array.min(), array.max()
+            if low < info.min or high > info.max:
+                raise ValueError(
+                    f"`{arg}` holds values out of the range of {dtype.name} "
+                    f"([{info.min}, {info.max}]): min {low}, max {high}."
+                )
+    try:
+        return tf.convert_to_tensor(value, dtype=dtype, name=arg)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"`{arg}` could not be converted to {dtype.name} (the table's dtype): {e}"
+        ) from e
+
+
+def convert_scores(scores: TensorLike, arg: str = "scores") -> tf.Tensor:
+    """Scores are int64; integer tensors of a narrower type are widened."""
+    if _is_tensor_like(scores):
+        received = tf.as_dtype(scores.dtype)
+        if received != tf.int64 and received.is_integer and received.size < 8:
+            return tf.cast(scores, tf.int64)
+    return convert(scores, tf.int64, arg)
+
+
+def as_dtype(
+    dtype: DTypeLike, arg: str, supported: Tuple[tf.dtypes.DType, ...]
+) -> tf.dtypes.DType:
+    """`tf.as_dtype(dtype)`, which must be one of `supported`; else `TypeError`."""
+    try:
+        result = tf.as_dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"`{arg}` must be a TensorFlow dtype, got {dtype!r}.") from e
+    if result not in supported:
+        raise TypeError(
+            f"`{arg}` must be one of {[d.name for d in supported]}, got {result.name}."
+        )
+    return result
+
+
+def check_int(value: Any, arg: str, minimum: int) -> int:
+    """`value` as an int >= `minimum`: `TypeError` if not an integer, else `ValueError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{arg}` must be an integer, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"`{arg}` must be >= {minimum}, got {value}.")
+    return int(value)

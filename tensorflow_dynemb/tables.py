@@ -1,0 +1,796 @@
+"""Dynamic-embedding hash tables: `HashTable` (unbounded) and `HkvHashTable` (bounded).
+
+Both public classes are thin: they only choose the attributes the table is created with.
+Every method lives in one base class, `_DynembTable`, which converts its inputs and calls
+one generated op (see `cc/ops/table_ops.cc`). Semantics that must be the same in eager
+mode, inside `tf.function` and in TF1 graph mode live in the ops, not here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import enum
+import os
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_dynemb import _ops
+from tensorflow_dynemb._convert import (
+    KEY_DTYPES,
+    VALUE_DTYPES,
+    DTypeLike,
+    TensorLike,
+    as_dtype,
+    check_int,
+    convert,
+    convert_scores,
+)
+
+__all__ = [
+    "HashTable",
+    "CuckooHashTable",
+    "HkvHashTable",
+    "HkvHashTableConfig",
+    "HkvEvictStrategy",
+]
+
+KHkvHashTableInitCapacity = 1024 * 1024
+KHkvHashTableMaxCapacity = 1024 * 1024
+KHkvHashTableMaxHbmForValuesByBytes = 1024 * 1024 * 1024
+
+# Checkpoint keys, relative to the table's own checkpoint prefix.
+_CKPT_KEYS = "-keys"
+_CKPT_VALUES = "-values"
+_CKPT_SCORES = "-scores"
+
+
+def _gen_ops():
+    """The generated op wrappers (loaded by `_ops` on first use)."""
+    return _ops.ops
+
+
+# ---------------------------------------------------------------------------------------
+# The shared implementation
+# ---------------------------------------------------------------------------------------
+
+
+class _DynembTable(tf.saved_model.experimental.TrackableResource):
+    """Base class of every dynamic-embedding table: all methods live here.
+
+    Subclasses only decide the creation attributes (`_table_attrs`) they pass to the
+    `DynembHashTable` op, and optionally the scores an insert without `scores` uses
+    (`_default_scores`).
+    """
+
+    def __init__(
+        self,
+        key_dtype: DTypeLike,
+        value_dtype: DTypeLike,
+        default_value: TensorLike,
+        name: str,
+        checkpoint: bool,
+        device: str,
+        shared_name: Optional[str],
+        table_attrs: Dict[str, Any],
+    ):
+        self._key_dtype = as_dtype(key_dtype, "key_dtype", KEY_DTYPES)
+        self._value_dtype = as_dtype(value_dtype, "value_dtype", VALUE_DTYPES)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
+        self._name = name
+        self._checkpoint = bool(checkpoint)
+        self._device = device or ""
+        self._shared_name = shared_name
+        self._table_attrs = dict(table_attrs)
+        # Eager tables are anonymous: a ref-counted handle frees the table with the last
+        # reference. Graph tables (TF1, or created inside a tf.function) live in the
+        # resource manager like tf.lookup.experimental.MutableHashTable's.
+        self._anonymous = tf.executing_eagerly() and not shared_name
+
+        with self._placement():
+            self._default_value = convert(default_value, self._value_dtype, "default_value")
+        shape = self._default_value.shape
+        if shape.rank not in (0, 1):
+            raise ValueError(
+                "`default_value` must be a scalar or a [dim] vector, "
+                f"got a tensor of shape {shape}."
+            )
+        if shape.rank == 1 and shape[0] < 1:
+            raise ValueError(
+                f"`default_value` must have at least one element (dim >= 1), got shape {shape}."
+            )
+        self._value_shape = shape
+
+        super().__init__(device=self._device)
+        with self._placement():
+            self._resource_handle = self._create_resource()
+        if tf.executing_eagerly():
+            self._table_name = self._name
+        else:
+            self._table_name = self._resource_handle.op.name.split("/")[-1]
+
+        if self._checkpoint and not tf.executing_eagerly() and not tf.inside_function():
+            # TF1 `tf.compat.v1.train.Saver` finds tables through this collection; the
+            # SaveableObject is built from the same `_serialize_to_tensors` hooks that
+            # `tf.train.Checkpoint` uses, named by the (graph-unique) op name.
+            factories = tf.__internal__.tracking.saveable_objects_from_trackable(self)
+            (factory,) = factories.values()
+            tf.compat.v1.add_to_collection(
+                tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                factory(name=self._resource_handle.op.name),
+            )
+
+    # -- resource ------------------------------------------------------------------------
+
+    def _create_resource(self) -> tf.Tensor:
+        use_node_name_sharing = (
+            not self._anonymous and self._checkpoint and not self._shared_name
+        )
+        return _gen_ops().dynemb_hash_table(
+            shared_name=self._shared_name or "",
+            use_node_name_sharing=use_node_name_sharing,
+            anonymous=self._anonymous,
+            key_dtype=self._key_dtype,
+            value_dtype=self._value_dtype,
+            value_shape=self._value_shape,
+            name=self._name,
+            **self._table_attrs,
+        )
+
+    def _placement(self):
+        """`tf.device(device)` when the table was given one; the placer colocates the
+        other ops with the table's resource input."""
+        return tf.device(self._device) if self._device else contextlib.nullcontext()
+
+    # -- properties ----------------------------------------------------------------------
+
+    @property
+    def key_dtype(self) -> tf.dtypes.DType:
+        """The table key dtype."""
+        return self._key_dtype
+
+    @property
+    def value_dtype(self) -> tf.dtypes.DType:
+        """The table value dtype."""
+        return self._value_dtype
+
+    @property
+    def name(self) -> str:
+        """The name of the table (in graph mode, the unique name of its creation op)."""
+        return self._table_name
+
+    @property
+    def dim(self) -> int:
+        """Elements per value row: 1 for a scalar `default_value`, else its length."""
+        return int(self._value_shape.num_elements())
+
+    @property
+    def value_shape(self) -> tf.TensorShape:
+        """Shape of one value: `[]` for a scalar default, `[dim]` otherwise."""
+        return self._value_shape
+
+    @property
+    def default_value(self) -> tf.Tensor:
+        """The value missing keys read when `lookup` gets no `dynamic_default_values`."""
+        return self._default_value
+
+    # -- methods -------------------------------------------------------------------------
+
+    def _default_scores(self, keys: tf.Tensor) -> Optional[tf.Tensor]:
+        """Scores for an insert called without `scores` (None: the table assigns them)."""
+        del keys
+        return None
+
+    def insert(
+        self,
+        keys: TensorLike,
+        values: TensorLike,
+        scores: Optional[TensorLike] = None,
+        name: Optional[str] = None,
+    ):
+        """Upserts: new keys are inserted, existing keys overwritten.
+
+        Duplicate keys in one batch behave as if the rows were inserted in order (the
+        last one wins).
+
+        Args:
+          keys: keys of any shape, of the table's key dtype.
+          values: values of shape `keys.shape + value_shape`, of the table's value dtype.
+          scores: optional int64 scores of shape `keys.shape` that set each key's score
+            explicitly; by default the table's eviction strategy assigns them.
+          name: a name for the operation.
+
+        Returns:
+          The insert operation (None when executing eagerly).
+
+        Raises:
+          TypeError: `keys`, `values` or `scores` have the wrong dtype.
+          tf.errors.InvalidArgumentError / ValueError: `values` or `scores` have the
+            wrong shape (the message contains "Expected shape").
+        """
+        keys = convert(keys, self._key_dtype, "keys")
+        values = convert(values, self._value_dtype, "values")
+        if scores is None:
+            scores = self._default_scores(keys)
+        scores = (
+            tf.zeros([0], tf.int64) if scores is None else convert_scores(scores)
+        )
+        with tf.name_scope(name or f"{self._name}_insert"), self._placement():
+            return _gen_ops().dynemb_table_insert(self.resource_handle, keys, values, scores)
+
+    def lookup(
+        self,
+        keys: TensorLike,
+        dynamic_default_values: Optional[TensorLike] = None,
+        return_exists: bool = False,
+        name: Optional[str] = None,
+    ):
+        """Looks up `keys`; missing keys get the default.
+
+        Args:
+          keys: keys of any shape, of the table's key dtype.
+          dynamic_default_values: values for missing keys, either one row
+            (`value_shape`) or one row per key (`keys.shape + value_shape`). Default:
+            the table's `default_value`.
+          return_exists: also return a bool tensor of `keys.shape` saying which keys
+            were found.
+          name: a name for the operation.
+
+        Returns:
+          `values` of shape `keys.shape + value_shape`, or `(values, exists)` with
+          `return_exists`.
+
+        Raises:
+          TypeError: `keys` or `dynamic_default_values` have the wrong dtype.
+        """
+        keys = convert(keys, self._key_dtype, "keys")
+        if dynamic_default_values is None:
+            defaults = self._default_value
+        else:
+            defaults = convert(
+                dynamic_default_values, self._value_dtype, "dynamic_default_values"
+            )
+        with tf.name_scope(name or f"{self._name}_lookup"), self._placement():
+            values, exists = _gen_ops().dynemb_table_find(self.resource_handle, keys, defaults)
+        return (values, exists) if return_exists else values
+
+    def __getitem__(self, keys: TensorLike) -> tf.Tensor:
+        """`lookup(keys)`."""
+        return self.lookup(keys)
+
+    def accum(
+        self,
+        keys: TensorLike,
+        values_or_deltas: TensorLike,
+        exists: TensorLike,
+        name: Optional[str] = None,
+    ):
+        """Accumulates deltas into present keys and inserts absent ones.
+
+        Per key: `exists` and the key is present -> value += delta; not `exists` and the
+        key is absent -> insert the value; otherwise (the key was inserted or removed
+        since `exists` was computed) nothing changes. A batch behaves as if its rows were
+        applied in order, so deltas for a duplicated key add up. For bool values "+=" is
+        a logical or.
+
+        Args:
+          keys: keys of any shape, of the table's key dtype.
+          values_or_deltas: `keys.shape + value_shape`, of the table's value dtype.
+          exists: bool tensor of `keys.shape`, usually from `lookup(...,
+            return_exists=True)`.
+          name: a name for the operation.
+
+        Returns:
+          The accum operation (None when executing eagerly).
+
+        Raises:
+          TypeError: an argument has the wrong dtype.
+        """
+        keys = convert(keys, self._key_dtype, "keys")
+        values_or_deltas = convert(values_or_deltas, self._value_dtype, "values_or_deltas")
+        exists = convert(exists, tf.bool, "exists")
+        with tf.name_scope(name or f"{self._name}_accum"), self._placement():
+            return _gen_ops().dynemb_table_accum(
+                self.resource_handle, keys, values_or_deltas, exists
+            )
+
+    def remove(self, keys: TensorLike, name: Optional[str] = None):
+        """Removes `keys` (any shape); absent keys are ignored.
+
+        Args:
+          keys: keys of any shape, of the table's key dtype.
+          name: a name for the operation.
+
+        Returns:
+          The remove operation (None when executing eagerly).
+
+        Raises:
+          TypeError: `keys` have the wrong dtype.
+        """
+        keys = convert(keys, self._key_dtype, "keys")
+        with tf.name_scope(name or f"{self._name}_remove"), self._placement():
+            return _gen_ops().dynemb_table_remove(self.resource_handle, keys)
+
+    def clear(self, name: Optional[str] = None):
+        """Removes every key and releases the memory.
+
+        Args:
+          name: a name for the operation.
+
+        Returns:
+          The clear operation (None when executing eagerly).
+        """
+        with tf.name_scope(name or f"{self._name}_clear"), self._placement():
+            return _gen_ops().dynemb_table_clear(self.resource_handle)
+
+    def size(self, name: Optional[str] = None) -> tf.Tensor:
+        """The number of keys in the table.
+
+        Args:
+          name: a name for the operation.
+
+        Returns:
+          An int64 scalar tensor.
+        """
+        with tf.name_scope(name or f"{self._name}_size"), self._placement():
+            return _gen_ops().dynemb_table_size(self.resource_handle)
+
+    def export_with_scores(self, name: Optional[str] = None):
+        """Every entry, in unspecified order, with its score.
+
+        Args:
+          name: a name for the operation.
+
+        Returns:
+          `(keys [n], values [n] + value_shape, scores int64 [n])` (a namedtuple).
+        """
+        with tf.name_scope(name or f"{self._name}_export"), self._placement():
+            return _gen_ops().dynemb_table_export(
+                self.resource_handle, Tkey=self._key_dtype, Tvalue=self._value_dtype
+            )
+
+    def export(self, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+        """Every entry, in unspecified order.
+
+        Args:
+          name: a name for the operation.
+
+        Returns:
+          `(keys [n], values [n] + value_shape)`.
+        """
+        keys, values, _ = self.export_with_scores(name=name)
+        return keys, values
+
+    def import_(
+        self,
+        keys: TensorLike,
+        values: TensorLike,
+        scores: Optional[TensorLike] = None,
+        name: Optional[str] = None,
+    ):
+        """Replaces the whole content of the table with `keys` and `values`.
+
+        Args:
+          keys: keys of any shape.
+          values: `keys.shape + value_shape`.
+          scores: optional int64 scores of `keys.shape` (e.g. from
+            `export_with_scores`); by default the table assigns them as an insert does.
+          name: a name for the operation.
+
+        Returns:
+          The import operation (None when executing eagerly).
+        """
+        keys = convert(keys, self._key_dtype, "keys")
+        values = convert(values, self._value_dtype, "values")
+        scores = tf.zeros([0], tf.int64) if scores is None else convert_scores(scores)
+        with tf.name_scope(name or f"{self._name}_import"), self._placement():
+            return _gen_ops().dynemb_table_import(self.resource_handle, keys, values, scores)
+
+    def _file_path(self, dirpath: Any, file_name: Optional[str]):
+        file_name = file_name or f"{self._table_name}.dynemb"
+        if tf.is_tensor(dirpath):
+            if not hasattr(dirpath, "numpy"):
+                # A symbolic directory: the file is joined in the graph.
+                return tf.strings.join([dirpath, file_name], separator="/"), None
+            dirpath = dirpath.numpy()
+        dirpath = os.fsdecode(dirpath)
+        return tf.io.gfile.join(dirpath, file_name), dirpath
+
+    def save_to_file_system(
+        self,
+        dirpath: Union[str, os.PathLike, tf.Tensor],
+        file_name: Optional[str] = None,
+        chunk_rows: int = 65536,
+        name: Optional[str] = None,
+    ):
+        """Streams the table to `dirpath/file_name` in chunks of `chunk_rows` entries.
+
+        The table is never copied whole: memory stays O(chunk_rows). The directory is
+        created if needed (any `tf.io.gfile` file system works).
+
+        Args:
+          dirpath: the directory.
+          file_name: the file name; default `<table name>.dynemb`.
+          chunk_rows: entries per chunk.
+          name: a name for the operation.
+
+        Returns:
+          The save operation (None when executing eagerly).
+        """
+        chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
+        path, directory = self._file_path(dirpath, file_name)
+        if directory is not None:
+            tf.io.gfile.makedirs(directory)
+        with tf.name_scope(name or f"{self._name}_save_to_file"), self._placement():
+            return _gen_ops().dynemb_table_save_to_file(
+                self.resource_handle, path, chunk_rows=chunk_rows
+            )
+
+    def load_from_file_system(
+        self,
+        dirpath: Union[str, os.PathLike, tf.Tensor],
+        file_name: Optional[str] = None,
+        chunk_rows: int = 65536,
+        clear: bool = True,
+        name: Optional[str] = None,
+    ):
+        """Streams a file written by `save_to_file_system` into the table.
+
+        Args:
+          dirpath: the directory.
+          file_name: the file name; default `<table name>.dynemb`.
+          chunk_rows: entries per chunk.
+          clear: replace the table's content (default); if False, the file's entries
+            are upserted into it.
+          name: a name for the operation.
+
+        Returns:
+          The load operation (None when executing eagerly).
+        """
+        chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
+        path, _ = self._file_path(dirpath, file_name)
+        with tf.name_scope(name or f"{self._name}_load_from_file"), self._placement():
+            return _gen_ops().dynemb_table_load_from_file(
+                self.resource_handle, path, chunk_rows=chunk_rows, clear_first=bool(clear)
+            )
+
+    # -- checkpointing (public Trackable hooks) --------------------------------------------
+
+    def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
+        if not self._checkpoint:
+            return {}  # `checkpoint=False`: checkpoints carry nothing for this table
+        keys, values, scores = self.export_with_scores(name=f"{self._name}_checkpoint_export")
+        return {_CKPT_KEYS: keys, _CKPT_VALUES: values, _CKPT_SCORES: scores}
+
+    def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
+        if not restored_tensors:
+            return None
+        scores = restored_tensors.get(_CKPT_SCORES)
+        return self.import_(
+            restored_tensors[_CKPT_KEYS],
+            restored_tensors[_CKPT_VALUES],
+            scores,
+            name=f"{self._name}_checkpoint_restore",
+        )
+
+    def _copy_trackable_to_cpu(self, object_map):
+        """For asynchronous checkpoints: a CPU copy holding the same entries."""
+        if self not in object_map:
+            new = copy.copy(self)
+            new._device = "/CPU:0"
+            new._resource_device = "/CPU:0"
+            new._anonymous = True  # a private table, even if `self` is shared by name
+            new._shared_name = None
+            with tf.device("/CPU:0"):
+                new._resource_handle = new._create_resource()
+            object_map[self] = new
+        object_map[self]._restore_from_tensors(self._serialize_to_tensors())
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} name={self._table_name!r} key_dtype={self._key_dtype.name} "
+            f"value_dtype={self._value_dtype.name} value_shape={self._value_shape}>"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Public tables
+# ---------------------------------------------------------------------------------------
+
+
+class HashTable(_DynembTable):
+    """An unbounded hash table from keys to fixed-shape values; grows as keys arrive.
+
+    Keys are `int32`, `int64` or `string` (every value is a valid key: `0`, `-1`, the
+    extremes, `b""`); values are `float32`, `float64`, `float16`, `bfloat16`, `int8`,
+    `int32`, `int64` or `bool`, of shape `[]` or `[dim]` as given by `default_value`.
+    Works in eager mode, inside `tf.function` and in TF1 graph mode; saved by
+    `tf.train.Checkpoint` and `tf.compat.v1.train.Saver` (keys, values and scores).
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> import tensorflow_dynemb as de
+    >>> table = de.HashTable(tf.int64, tf.float32, default_value=[0.0, 0.0])
+    >>> table.insert([1, 2], [[1.0, 1.5], [2.0, 2.5]])
+    >>> table.lookup([2, 3]).numpy()
+    array([[2. , 2.5],
+           [0. , 0. ]], dtype=float32)
+    >>> int(table.size())
+    2
+
+    `CuckooHashTable` is an alias, for code written against TFRA.
+    """
+
+    def __init__(
+        self,
+        key_dtype: DTypeLike,
+        value_dtype: DTypeLike,
+        default_value: TensorLike,
+        name: str = "HashTable",
+        checkpoint: bool = True,
+        init_size: int = 0,
+        device: str = "",
+        shared_name: Optional[str] = None,
+    ):
+        """Creates an empty table.
+
+        Args:
+          key_dtype: the key dtype: `tf.int32`, `tf.int64` or `tf.string`.
+          value_dtype: the value dtype.
+          default_value: what missing keys read: a scalar or a `[dim]` vector. Its shape
+            is the shape of every value.
+          name: a name for the table (and its ops).
+          checkpoint: whether checkpoints save and restore the content. In graph mode
+            without `shared_name`, a checkpointed table is shared by its node name.
+          init_size: keys to reserve room for up front.
+          device: where to place the table and its ops (default: TF's placer).
+          shared_name: share the table with every other table of this name in the
+            process (default: not shared; eager tables are anonymous).
+
+        Raises:
+          TypeError: an unsupported dtype, or `default_value` of another dtype.
+          ValueError: `default_value` is not a scalar or non-empty vector, or
+            `init_size` is negative.
+        """
+        init_size = check_int(init_size, "init_size", 0)
+        super().__init__(
+            key_dtype,
+            value_dtype,
+            default_value,
+            name=name,
+            checkpoint=checkpoint,
+            device=device,
+            shared_name=shared_name,
+            table_attrs=dict(
+                init_capacity=init_size,
+                max_capacity=0,
+                evict_strategy="lru",
+                step_per_epoch=0,
+                find_updates_scores=False,
+            ),
+        )
+
+
+CuckooHashTable = HashTable
+
+
+class HkvEvictStrategy(enum.IntEnum):
+    """How an `HkvHashTable` scores keys; the lowest score is evicted first.
+
+    LRU: a logical clock advanced by each insert or lookup batch that touches the key.
+    LFU: how often the key was inserted or accumulated.
+    EPOCHLRU / EPOCHLFU: the epoch (advanced every `step_per_epoch` insert calls) in the
+    high 32 bits, LRU / LFU in the low bits.
+    CUSTOMIZED: given by the caller (`scores=` or `gen_scores_fn(keys)`); a new key
+    inserted without a score gets 0, an existing one keeps its score.
+    """
+
+    LRU = 0
+    LFU = 1
+    EPOCHLRU = 2
+    EPOCHLFU = 3
+    CUSTOMIZED = 4
+
+    @property
+    def op_value(self) -> str:
+        """The `evict_strategy` attribute of the `DynembHashTable` op."""
+        return {0: "lru", 1: "lfu", 2: "epoch_lru", 3: "epoch_lfu", 4: "customized"}[
+            int(self)
+        ]
+
+    @classmethod
+    def coerce(cls, value: Any, arg: str = "evict_strategy") -> "HkvEvictStrategy":
+        """An `HkvEvictStrategy` from a member, its int value or its name (any case,
+        with or without underscores: "epoch_lru", "EPOCHLRU")."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            key = value.replace("_", "").upper()
+            if key in cls.__members__:
+                return cls[key]
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            if int(value) in {int(m) for m in cls}:
+                return cls(int(value))
+        raise ValueError(
+            f"`{arg}` must be one of de.HkvEvictStrategy.{{{', '.join(cls.__members__)}}}, "
+            f"got {value!r}."
+        )
+
+
+@dataclasses.dataclass
+class HkvHashTableConfig:
+    """Configuration of an `HkvHashTable` (its values override the table's arguments).
+
+    Attributes:
+      init_capacity: keys to reserve room for up front (>= 1).
+      max_capacity: the most keys the table holds (>= init_capacity).
+      max_hbm_for_values: device-memory budget for values on GPU, in bytes; ignored on
+        CPU.
+      evict_strategy: an `HkvEvictStrategy`.
+      step_per_epoch: insert calls per epoch for the EPOCH* strategies (0: never
+        advance).
+      gen_scores_fn: for CUSTOMIZED, `fn(keys) -> int64 scores of keys.shape`, called by
+        `insert` when it gets no `scores`.
+      reserved_key_start_bit: accepted for TFRA compatibility and ignored: no key value
+        is reserved in this implementation.
+    """
+
+    init_capacity: int = KHkvHashTableInitCapacity
+    max_capacity: int = KHkvHashTableMaxCapacity
+    max_hbm_for_values: int = KHkvHashTableMaxHbmForValuesByBytes
+    evict_strategy: HkvEvictStrategy = HkvEvictStrategy.LRU
+    step_per_epoch: int = 0
+    gen_scores_fn: Optional[Callable[[tf.Tensor], TensorLike]] = None
+    reserved_key_start_bit: int = 0
+
+    def __post_init__(self):
+        self.evict_strategy = HkvEvictStrategy.coerce(
+            self.evict_strategy, "HkvHashTableConfig.evict_strategy"
+        )
+        if self.gen_scores_fn is not None and not callable(self.gen_scores_fn):
+            raise TypeError(
+                "`HkvHashTableConfig.gen_scores_fn` must be callable or None, "
+                f"got {self.gen_scores_fn!r}."
+            )
+
+
+class HkvHashTable(_DynembTable):
+    """A bounded hash table with cache semantics (HierarchicalKV's API, on CPU too).
+
+    It holds at most `max_capacity` keys; when full, an insert evicts the entries with
+    the lowest score, scored by `config.evict_strategy` (see `HkvEvictStrategy`).
+    Every entry carries an int64 score, which `export_with_scores`, `import_` and
+    checkpoints carry along. Otherwise it behaves exactly like `HashTable`.
+
+    Note: eviction at `max_capacity` is implemented by the core table, not here; a core
+    built before bounded tables were finished stores keys beyond `max_capacity` instead
+    of evicting them. Scores are maintained either way.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> import tensorflow_dynemb as de
+    >>> config = de.HkvHashTableConfig(
+    ...     init_capacity=1024, max_capacity=4096,
+    ...     evict_strategy=de.HkvEvictStrategy.CUSTOMIZED)
+    >>> table = de.HkvHashTable(tf.int64, tf.float32, default_value=-1.0, config=config)
+    >>> table.insert([7, 8], [0.5, 0.25], scores=[100, 200])
+    >>> table.lookup([8, 9]).numpy()
+    array([ 0.25, -1.  ], dtype=float32)
+    >>> sorted(table.export_with_scores()[2].numpy().tolist())
+    [100, 200]
+    """
+
+    def __init__(
+        self,
+        key_dtype: DTypeLike,
+        value_dtype: DTypeLike,
+        default_value: TensorLike,
+        name: str = "HkvHashTable",
+        checkpoint: bool = True,
+        init_capacity: int = KHkvHashTableInitCapacity,
+        max_capacity: int = KHkvHashTableMaxCapacity,
+        max_hbm_for_values: int = KHkvHashTableMaxHbmForValuesByBytes,
+        config: Optional[HkvHashTableConfig] = None,
+        device: str = "",
+        shared_name: Optional[str] = None,
+        evict_strategy: Any = HkvEvictStrategy.LRU,
+        step_per_epoch: int = 0,
+        gen_scores_fn: Optional[Callable[[tf.Tensor], TensorLike]] = None,
+    ):
+        """Creates an empty table.
+
+        Args:
+          key_dtype: the key dtype: `tf.int32`, `tf.int64` or `tf.string`.
+          value_dtype: the value dtype.
+          default_value: what missing keys read: a scalar or a `[dim]` vector.
+          name: a name for the table (and its ops).
+          checkpoint: whether checkpoints save and restore the content (with scores).
+          init_capacity: keys to reserve room for up front (>= 1).
+          max_capacity: the most keys the table holds (>= init_capacity).
+          max_hbm_for_values: device-memory budget for values on GPU; ignored on CPU.
+          config: an `HkvHashTableConfig`; when given, its fields override
+            `init_capacity`, `max_capacity`, `max_hbm_for_values`, `evict_strategy`,
+            `step_per_epoch` and `gen_scores_fn` (as in TFRA).
+          device: where to place the table and its ops (default: TF's placer).
+          shared_name: share the table by this name (default: not shared).
+          evict_strategy: used when no `config` is given.
+          step_per_epoch: used when no `config` is given.
+          gen_scores_fn: used when no `config` is given.
+
+        Raises:
+          TypeError: an unsupported dtype, or a non-integer capacity.
+          ValueError: a capacity < 1, `init_capacity > max_capacity`, an unknown
+            eviction strategy, or a bad `default_value`.
+        """
+        if config is not None:
+            if not isinstance(config, HkvHashTableConfig):
+                raise TypeError(
+                    f"`config` must be a de.HkvHashTableConfig or None, got {config!r}."
+                )
+            init_capacity = config.init_capacity
+            max_capacity = config.max_capacity
+            max_hbm_for_values = config.max_hbm_for_values
+            evict_strategy = config.evict_strategy
+            step_per_epoch = config.step_per_epoch
+            gen_scores_fn = config.gen_scores_fn
+        init_capacity = check_int(init_capacity, "init_capacity", 1)
+        max_capacity = check_int(max_capacity, "max_capacity", 1)
+        if init_capacity > max_capacity:
+            raise ValueError(
+                "`init_capacity` must be <= `max_capacity`, got "
+                f"init_capacity={init_capacity}, max_capacity={max_capacity}."
+            )
+        self._max_hbm_for_values = check_int(max_hbm_for_values, "max_hbm_for_values", 0)
+        strategy = HkvEvictStrategy.coerce(evict_strategy)
+        step_per_epoch = check_int(step_per_epoch, "step_per_epoch", 0)
+        if gen_scores_fn is not None and not callable(gen_scores_fn):
+            raise TypeError(f"`gen_scores_fn` must be callable or None, got {gen_scores_fn!r}.")
+        self._evict_strategy = strategy
+        self._gen_scores_fn = gen_scores_fn
+        self._init_capacity = init_capacity
+        self._max_capacity = max_capacity
+        self._step_per_epoch = step_per_epoch
+        super().__init__(
+            key_dtype,
+            value_dtype,
+            default_value,
+            name=name,
+            checkpoint=checkpoint,
+            device=device,
+            shared_name=shared_name,
+            table_attrs=dict(
+                init_capacity=init_capacity,
+                max_capacity=max_capacity,
+                evict_strategy=strategy.op_value,
+                step_per_epoch=step_per_epoch,
+                find_updates_scores=strategy
+                in (HkvEvictStrategy.LRU, HkvEvictStrategy.EPOCHLRU),
+            ),
+        )
+
+    @property
+    def evict_strategy(self) -> HkvEvictStrategy:
+        return self._evict_strategy
+
+    @property
+    def init_capacity(self) -> int:
+        return self._init_capacity
+
+    @property
+    def max_capacity(self) -> int:
+        return self._max_capacity
+
+    @property
+    def max_hbm_for_values(self) -> int:
+        return self._max_hbm_for_values
+
+    def _default_scores(self, keys: tf.Tensor) -> Optional[tf.Tensor]:
+        if self._evict_strategy == HkvEvictStrategy.CUSTOMIZED and self._gen_scores_fn:
+            return convert_scores(self._gen_scores_fn(keys), "scores returned by gen_scores_fn")
+        return None
