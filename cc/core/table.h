@@ -132,7 +132,7 @@ bool ParseValueType(std::string_view name, ValueType* type);
 bool ParseKeyType(std::string_view name, KeyType* type);
 
 // How a batch assigns scores to the entries it touches (API.md §1).
-//   kLru:        score = table clock, advanced once per Insert/Accum batch
+//   kLru:        score = table clock (saturating), advanced once per Insert/Accum batch
 //                (and per Find batch when find_updates_scores).
 //   kLfu:        score = number of Insert/Accum rows that touched the key.
 //   kEpochLru:   (epoch << 32) | (clock & 0xffffffff).

@@ -121,7 +121,9 @@ struct ScoreContext {
       case EvictStrategy::kLfu:
         return existed ? old + 1 : 1;
       case EvictStrategy::kEpochLru:
-        return (epoch << 32) | (clock & 0xffffffffu);
+        // The clock saturates in the low 32 bits rather than wrapping below
+        // older scores of the same epoch.
+        return (epoch << 32) | std::min<uint64_t>(clock, 0xffffffffu);
       case EvictStrategy::kEpochLfu: {
         if (existed && (old >> 32) == epoch) {
           uint64_t freq = old & 0xffffffffu;
@@ -233,7 +235,7 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
-    ScoreContext ctx = WriteScoreContext(scores, n);
+    ScoreContext ctx = WriteScoreContext(scores, n, /*is_insert=*/true);
     const char* src = static_cast<const char*>(values);
     return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
       std::unique_lock<std::shared_mutex> lock(shard.mu);
@@ -264,7 +266,7 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
-    ScoreContext ctx = WriteScoreContext(nullptr, n);
+    ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/false);
     const char* src = static_cast<const char*>(deltas);
     return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
       std::unique_lock<std::shared_mutex> lock(shard.mu);
@@ -415,12 +417,20 @@ class CpuTable final : public Table {
     return Status::Ok();
   }
 
-  uint64_t NextClock() { return clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // Advances the clock by one, saturating: a clock restored at the top of the
+  // range must not wrap below the scores it was restored from.
+  uint64_t NextClock() {
+    uint64_t current = clock_.load(std::memory_order_relaxed);
+    while (current != ~uint64_t{0} &&
+           !clock_.compare_exchange_weak(current, current + 1, std::memory_order_relaxed)) {
+    }
+    return current == ~uint64_t{0} ? current : current + 1;
+  }
 
   uint64_t CurrentEpoch() const {
     const uint64_t floor = epoch_floor_.load(std::memory_order_relaxed);
     if (options_.step_per_epoch <= 0) return floor;
-    return std::max(floor, write_batches_.load(std::memory_order_relaxed) /
+    return std::max(floor, insert_batches_.load(std::memory_order_relaxed) /
                                static_cast<uint64_t>(options_.step_per_epoch));
   }
 
@@ -448,11 +458,11 @@ class CpuTable final : public Table {
   }
 
   // Score state for a writing batch: one clock tick per batch; the epoch
-  // counts Insert/Accum batches.
-  ScoreContext WriteScoreContext(const uint64_t* explicit_scores, int64_t n) {
+  // counts Insert batches only (API.md: "every step_per_epoch insert calls").
+  ScoreContext WriteScoreContext(const uint64_t* explicit_scores, int64_t n, bool is_insert) {
     if (explicit_scores != nullptr) AdvancePastScores(explicit_scores, n);
     ScoreContext ctx{options_.strategy, NextClock(), CurrentEpoch(), explicit_scores};
-    write_batches_.fetch_add(1, std::memory_order_relaxed);
+    if (is_insert) insert_batches_.fetch_add(1, std::memory_order_relaxed);
     return ctx;
   }
 
@@ -694,7 +704,7 @@ class CpuTable final : public Table {
   std::unique_ptr<Shard[]> shards_;
 
   std::atomic<uint64_t> clock_{0};
-  std::atomic<uint64_t> write_batches_{0};
+  std::atomic<uint64_t> insert_batches_{0};
   std::atomic<uint64_t> epoch_floor_{0};
   mutable std::atomic<uint64_t> inserts_{0}, updates_{0}, lookups_{0}, misses_{0}, removes_{0},
       evictions_{0};

@@ -1,7 +1,10 @@
 // Plain C++ tests of the core table (no test framework, no TensorFlow).
 //
-//   g++ -std=c++17 -O2 -pthread -I. cc/core/*.cc cc/core/cpu/*.cc \
+//   g++ -std=c++17 -O2 -pthread -I. cc/core/*.cc cc/core/cpu/*.cc
 //       cc/core/tests/core_test.cc -o /tmp/core_test && /tmp/core_test
+//   (CORE_TEST_ONLY=<substring> runs only the matching cases; the file is
+//   also clean under -fsanitize=address,undefined and -fsanitize=thread with
+//   TSAN_OPTIONS=detect_deadlocks=0.)
 //
 // tests/test_core_cpp.py builds and runs it under pytest. The exhaustive
 // conformance tests are in Python (tests/test_core_conformance.py); this file
@@ -18,6 +21,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -33,25 +38,48 @@ namespace {
 
 std::atomic<int> g_checks{0};
 
-#define CHECK(cond)                                                                \
-  do {                                                                             \
-    ++g_checks;                                                                    \
-    if (!(cond)) {                                                                 \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                                \
-    }                                                                              \
+// A failed CHECK throws, so the remaining cases still run; threads catch it
+// and hand it to the joining thread (see Guarded).
+struct CheckFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string Where(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
+
+#define CHECK(cond)                                                              \
+  do {                                                                           \
+    ++g_checks;                                                                  \
+    if (!(cond)) throw CheckFailure(Where(__FILE__, __LINE__) + ": CHECK failed: " #cond); \
   } while (0)
 
-#define CHECK_OK(expr)                                                               \
-  do {                                                                               \
-    ++g_checks;                                                                      \
-    const ::dynemb::Status _s = (expr);                                              \
-    if (!_s.ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s failed: code %d: %s\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(_s.code()), _s.message().c_str());              \
-      std::exit(1);                                                                  \
-    }                                                                                \
+#define CHECK_OK(expr)                                                                   \
+  do {                                                                                   \
+    ++g_checks;                                                                          \
+    const ::dynemb::Status _s = (expr);                                                  \
+    if (!_s.ok()) {                                                                      \
+      throw CheckFailure(Where(__FILE__, __LINE__) + ": " #expr " failed: code " +       \
+                         std::to_string(static_cast<int>(_s.code())) + ": " + _s.message()); \
+    }                                                                                    \
   } while (0)
+
+// Runs fn on threads; rethrows the first failure after all have joined.
+void RunThreads(int n, const std::function<void(int)>& fn) {
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
 
 // A Runner that really runs ranges on several threads (tests the contract
 // the TF intra-op pool wrapper provides).
@@ -414,47 +442,26 @@ void TestSaveLoad(const Runner& runner) {
   }
 }
 
-void TestBounded(const Runner& runner) {
-  auto t = MakeTable(KeyType::kInt64, ValueType::kInt8, 4, EvictStrategy::kCustomized, 100);
-  std::vector<int64_t> keys(1000);
-  std::vector<int8_t> values(4000, 1);
-  std::vector<uint64_t> scores(1000);
-  for (int i = 0; i < 1000; ++i) {
-    keys[i] = i;
-    scores[i] = i + 1;
-  }
-  for (int b = 0; b < 1000; b += 50) {
-    CHECK_OK(t->Insert(keys.data() + b, 50, values.data() + 4 * b, scores.data() + b, runner));
-    CHECK(t->Size() <= 100);
-  }
-  CHECK(t->Size() == 100);
-  CHECK(t->Counters().evictions == 900);
-}
-
 void TestConcurrentWriters() {
   auto t = MakeTable(KeyType::kInt64, ValueType::kInt64, 8);
   SerialRunner serial;
   const int kThreads = 4, kKeys = 20000;
-  std::vector<std::thread> threads;
-  for (int th = 0; th < kThreads; ++th) {
-    threads.emplace_back([&, th] {
-      std::vector<int64_t> keys(kKeys);
-      std::vector<int64_t> values(kKeys * 8);
-      for (int i = 0; i < kKeys; ++i) {
-        keys[i] = static_cast<int64_t>(i) * kThreads + th;
-        for (int j = 0; j < 8; ++j) values[i * 8 + j] = keys[i];
-      }
-      for (int round = 0; round < 5; ++round) {
-        CHECK_OK(t->Insert(keys.data(), kKeys, values.data(), nullptr, serial));
-        std::vector<int64_t> out(kKeys * 8);
-        const int64_t def[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
-        CHECK_OK(t->Find(keys.data(), kKeys, out.data(), nullptr, def, false, serial));
-        for (int i = 0; i < kKeys * 8; ++i) CHECK(out[i] == keys[i / 8]);
-        if (round < 4) CHECK_OK(t->Remove(keys.data(), kKeys / 2, serial));
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+  RunThreads(kThreads, [&](int th) {
+    std::vector<int64_t> keys(kKeys);
+    std::vector<int64_t> values(kKeys * 8);
+    for (int i = 0; i < kKeys; ++i) {
+      keys[i] = static_cast<int64_t>(i) * kThreads + th;
+      for (int j = 0; j < 8; ++j) values[i * 8 + j] = keys[i];
+    }
+    for (int round = 0; round < 5; ++round) {
+      CHECK_OK(t->Insert(keys.data(), kKeys, values.data(), nullptr, serial));
+      std::vector<int64_t> out(kKeys * 8);
+      const int64_t def[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+      CHECK_OK(t->Find(keys.data(), kKeys, out.data(), nullptr, def, false, serial));
+      for (int i = 0; i < kKeys * 8; ++i) CHECK(out[i] == keys[i / 8]);
+      if (round < 4) CHECK_OK(t->Remove(keys.data(), kKeys / 2, serial));
+    }
+  });
   CHECK(t->Size() == int64_t{kThreads} * kKeys);
 }
 
@@ -555,11 +562,18 @@ void TestConcurrentMixed() {
       }
     }
   };
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 6; ++i) threads.emplace_back(worker, i);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  stop = true;
-  for (auto& th : threads) th.join();
+  std::thread timer([&stop] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    stop = true;
+  });
+  try {
+    RunThreads(6, worker);
+  } catch (...) {
+    stop = true;
+    timer.join();
+    throw;
+  }
+  timer.join();
   CHECK(torn.load() == 0);
   CHECK(t->Size() >= 0 && t->Size() <= kKeys);
 }
@@ -582,17 +596,27 @@ int main() {
       {"strings_and_growth/serial", [&] { TestStringsAndGrowth(serial); }},
       {"strings_and_growth/threads", [&] { TestStringsAndGrowth(threads); }},
       {"save_load", [&] { TestSaveLoad(threads); }},
-      {"bounded", [&] { TestBounded(serial); }},
       {"concurrent_writers", TestConcurrentWriters},
       {"concurrent_mixed", TestConcurrentMixed},
   };
   const char* only = std::getenv("CORE_TEST_ONLY");
+  int failed = 0;
   for (const Case& c : cases) {
     if (only != nullptr && std::string(c.name).find(only) == std::string::npos) continue;
     std::printf("[ RUN  ] %s\n", c.name);
     std::fflush(stdout);
-    c.fn();
-    std::printf("[  OK  ] %s\n", c.name);
+    try {
+      c.fn();
+      std::printf("[  OK  ] %s\n", c.name);
+    } catch (const std::exception& e) {
+      ++failed;
+      std::printf("[ FAIL ] %s\n%s\n", c.name, e.what());
+    }
+    std::fflush(stdout);
+  }
+  if (failed > 0) {
+    std::printf("%d core test case(s) FAILED (%d checks)\n", failed, g_checks.load());
+    return 1;
   }
   std::printf("all core tests passed (%d checks)\n", g_checks.load());
   return 0;

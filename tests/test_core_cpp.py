@@ -1,0 +1,38 @@
+"""Builds and runs the plain C++ core test binary (cc/core/tests/core_test.cc).
+
+With DYNEMB_CORE_SANITIZERS=1 it is also built and run under AddressSanitizer
++ UndefinedBehaviorSanitizer and under ThreadSanitizer (a few minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import core_ext  # noqa: E402
+
+SANITIZERS = {
+    "none": ((), {}),
+    "address": (("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g"),
+                {"ASAN_OPTIONS": "detect_leaks=1"}),
+    # Export and Clear hold every shard lock at once, more than TSan's
+    # deadlock detector can track.
+    "thread": (("-fsanitize=thread", "-g"), {"TSAN_OPTIONS": "detect_deadlocks=0 halt_on_error=1"}),
+}
+
+
+@pytest.mark.parametrize("sanitizer", list(SANITIZERS))
+def test_core_cpp_binary(sanitizer):
+    if sanitizer != "none" and os.environ.get("DYNEMB_CORE_SANITIZERS") != "1":
+        pytest.skip("set DYNEMB_CORE_SANITIZERS=1 to run the core tests under sanitizers")
+    flags, env = SANITIZERS[sanitizer]
+    sources = core_ext.core_sources() + [core_ext.REPO / "cc/core/tests/core_test.cc"]
+    binary = core_ext.build(sources, f"core_test_{sanitizer}", shared=False, flags=flags)
+    proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=900,
+                          check=False, env={**os.environ, **env})
+    assert proc.returncode == 0, f"{binary} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "all core tests passed" in proc.stdout
