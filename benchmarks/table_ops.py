@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Throughput and memory of `de.HashTable` next to its references, in one process.
+
+    python benchmarks/table_ops.py [--keys 1048576] [--dims 8,64] [--batch 65536] \
+        [--growth-keys 10485760] [--threads N] [--thread-scaling [1,2]] \
+        [--out benchmarks/results/table_ops_tf<version>.json]
+
+For each dim (int64 keys: random 64-bit ids; float32 values of shape [dim]) it
+measures keys/s of
+
+* insert of new keys into an empty table, upsert of keys already present, and
+  lookup of present keys in shuffled batches, for
+    - ours: `de.HashTable(tf.int64, tf.float32, default_value=[0.] * dim)`,
+    - `tf.lookup.experimental.DenseHashTable` (TF's open-addressing table),
+    - TFRA 0.8.1's `tfra.dynamic_embedding.CuckooHashTable` (the table op behind
+      `tfra.dynamic_embedding.Variable.upsert/lookup`) when TFRA is importable;
+* `tf.gather` of random rows from a dense `[N, dim]` `tf.Variable`: the lookup
+  reference (an embedding table with no hashing at all).
+
+Every op runs in a `tf.function` called once per batch on pre-built tensors; the
+timing loop never calls `.numpy()` (CPU eager function calls return when the
+kernel is done). Each figure is the best of `--repeats` passes after a warm-up
+pass; each insert pass starts from a fresh empty table.
+
+Then, for `de.HashTable` only:
+
+* growth: `--growth-keys` new keys inserted into one unbounded table at dim 8,
+  with the rate of every window of 1M (2**20) keys and the ratio
+  rate(0 -> 1M) / rate(1M -> end);
+* memory: the process's resident-set growth (VmRSS) over those inserts divided by
+  the table size, at dim 8 and (when the memory is there) dim 64, beside the raw
+  payload (8-byte key + 4 * dim bytes of values). When the pybind module
+  `tensorflow_dynemb._core` is available, the core's own `memory_bytes()` for the
+  same load is printed too.
+
+Targets (PASS/FAIL): lookup >= 0.8 x gather at every dim; insert (new keys) and
+upsert >= 10 x TFRA and >= DenseHashTable; growth ratio <= 2; bytes/key <= 1.3 x
+payload. Results go to a JSON file (machine, TF version, load average, figures).
+
+`--thread-scaling 1,2` re-runs the throughput part in one child process per
+intra-op thread count (the thread count of a TF process is fixed once TF starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import gc
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MIB = 1 << 20
+INT64_MAX = np.iinfo(np.int64).max
+INT64_MIN = np.iinfo(np.int64).min
+# DenseHashTable reserves two key values; the key sets below never contain them.
+DHT_EMPTY_KEY = INT64_MAX
+DHT_DELETED_KEY = INT64_MAX - 1
+
+
+# -- machine ------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _proc_status_kb(field: str, path: str = "/proc/self/status") -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in {path}")
+
+
+def rss_bytes(field: str = "VmRSS") -> int:
+    """Resident memory of this process (VmRSS; RssAnon: its anonymous part, i.e. without
+    mapped library files, whose pages the kernel may drop or fault in at any time)."""
+    return _proc_status_kb(field) * 1024
+
+
+def mem_available_bytes() -> int:
+    return _proc_status_kb("MemAvailable", "/proc/meminfo") * 1024
+
+
+_LIBC = None
+
+
+def release_freed_memory() -> None:
+    """Collects garbage and hands freed heap pages back to the OS (glibc malloc_trim),
+    so that the RSS measured before a table is created does not include pages a later
+    allocation could silently reuse."""
+    global _LIBC
+    gc.collect()
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+# -- inputs -------------------------------------------------------------------------------
+
+
+def random_keys(n: int, seed: int) -> np.ndarray:
+    """`n` distinct random 64-bit ids (shuffled), none of them DenseHashTable's
+    reserved empty/deleted keys."""
+    rng = np.random.default_rng(seed)
+    keys = np.empty(0, np.int64)
+    while keys.size < n:
+        more = rng.integers(INT64_MIN, INT64_MAX, size=n - keys.size + 64, dtype=np.int64,
+                            endpoint=True)
+        keys = np.unique(np.concatenate([keys, more]))
+        keys = keys[(keys != DHT_EMPTY_KEY) & (keys != DHT_DELETED_KEY)]
+    return rng.permutation(keys)[:n]
+
+
+def split(array: np.ndarray, batch: int):
+    return [array[i:i + batch] for i in range(0, len(array), batch)]
+
+
+# -- the tables under test -----------------------------------------------------------------
+
+
+class Impl:
+    """One table implementation: creates empty tables and their per-batch functions."""
+
+    name = ""
+
+    def __init__(self, tf, dim: int):
+        self.tf = tf
+        self.dim = dim
+        self.key_spec = tf.TensorSpec([None], tf.int64)
+        self.value_spec = tf.TensorSpec([None, dim], tf.float32)
+
+    def new_table(self):
+        raise NotImplementedError
+
+    def functions(self, table):
+        """(insert_fn(keys, values), lookup_fn(keys) -> values), traced and warmed
+        with an empty batch (which changes nothing in the table)."""
+        tf = self.tf
+
+        @tf.function(input_signature=[self.key_spec, self.value_spec])
+        def insert_fn(keys, values):
+            # Not returned (an Operation); tf.function runs stateful ops regardless.
+            table.insert(keys, values)
+
+        @tf.function(input_signature=[self.key_spec])
+        def lookup_fn(keys):
+            return table.lookup(keys)
+
+        empty_keys = tf.zeros([0], tf.int64)
+        insert_fn(empty_keys, tf.zeros([0, self.dim], tf.float32))
+        lookup_fn(empty_keys)
+        return insert_fn, lookup_fn
+
+
+class Ours(Impl):
+    name = "ours"
+
+    def __init__(self, tf, dim, de):
+        super().__init__(tf, dim)
+        self.de = de
+
+    def new_table(self):
+        return self.de.HashTable(self.tf.int64, self.tf.float32, default_value=[0.0] * self.dim)
+
+
+class DenseHashTable(Impl):
+    name = "DenseHashTable"
+
+    def new_table(self):
+        tf = self.tf
+        return tf.lookup.experimental.DenseHashTable(
+            key_dtype=tf.int64, value_dtype=tf.float32,
+            default_value=tf.zeros([self.dim], tf.float32),
+            empty_key=DHT_EMPTY_KEY, deleted_key=DHT_DELETED_KEY)
+
+
+class Tfra(Impl):
+    name = "TFRA"
+
+    def __init__(self, tf, dim, tfra_de):
+        super().__init__(tf, dim)
+        self.tfra_de = tfra_de
+
+    def new_table(self):
+        # The CPU table behind tfra.dynamic_embedding.Variable (its default kv_creator).
+        return self.tfra_de.CuckooHashTable(
+            key_dtype=self.tf.int64, value_dtype=self.tf.float32,
+            default_value=self.tf.zeros([self.dim], self.tf.float32), checkpoint=False)
+
+
+# -- measurements --------------------------------------------------------------------------
+
+
+def timed_pass(fn, batches) -> float:
+    """Seconds for one call of `fn` per batch (each batch: a tuple of arguments)."""
+    start = time.perf_counter()
+    for args in batches:
+        fn(*args)
+    return time.perf_counter() - start
+
+
+def bench_table(impl: Impl, key_batches, value_batches, query_batches, repeats: int):
+    """keys/s of insert (new keys), upsert (present keys) and lookup (shuffled)."""
+    n = sum(int(k.shape[0]) for k in key_batches)
+    insert_args = list(zip(key_batches, value_batches))
+    # Warm-up: one full insert into a throwaway table (page cache, allocator, code).
+    table = impl.new_table()
+    insert_fn = impl.functions(table)[0]
+    timed_pass(insert_fn, insert_args)
+    del table, insert_fn
+    release_freed_memory()
+
+    insert_s = []
+    for _ in range(repeats):
+        table = impl.new_table()
+        insert_fn, lookup_fn = impl.functions(table)
+        insert_s.append(timed_pass(insert_fn, insert_args))
+        if len(insert_s) < repeats:
+            del table, insert_fn, lookup_fn
+            release_freed_memory()
+    size = int(table.size())
+    if size != n:
+        raise RuntimeError(f"{impl.name}: size {size} after inserting {n} distinct keys")
+    upsert_s = [timed_pass(insert_fn, insert_args) for _ in range(repeats)]
+    lookup_args = [(q,) for q in query_batches]
+    timed_pass(lookup_fn, lookup_args)  # warm-up
+    lookup_s = [timed_pass(lookup_fn, lookup_args) for _ in range(repeats)]
+    # Spot check: the last batch's values came back.
+    got = lookup_fn(key_batches[-1]).numpy()
+    if not np.array_equal(got, value_batches[-1].numpy()):
+        raise RuntimeError(f"{impl.name}: lookup returned wrong values")
+    del table, insert_fn, lookup_fn
+    release_freed_memory()
+    return {
+        "insert_new": n / min(insert_s),
+        "upsert": n / min(upsert_s),
+        "lookup": n / min(lookup_s),
+        "insert_new_s": insert_s,
+        "upsert_s": upsert_s,
+        "lookup_s": lookup_s,
+    }
+
+
+def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
+    """keys/s of tf.gather of random rows (the same batch size) from a [n, dim] Variable."""
+    rng = np.random.default_rng(seed)
+    params = tf.Variable(rng.standard_normal((n, dim), dtype=np.float32))
+    rows = [(tf.constant(r),) for r in split(rng.permutation(n).astype(np.int64), batch)]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def gather_fn(idx):
+        return tf.gather(params, idx)
+
+    timed_pass(gather_fn, rows)  # warm-up (and trace)
+    seconds = [timed_pass(gather_fn, rows) for _ in range(repeats)]
+    del params, gather_fn
+    release_freed_memory()
+    return {"lookup": n / min(seconds), "lookup_s": seconds}
+
+
+def bench_growth(tf, ours: Ours, key_batches, value_pool, window: int):
+    """Inserts every batch into one fresh table; returns rates per window of keys and
+    the RSS growth. `key_batches` and `value_pool` are built before this is called, so
+    the RSS delta is the table's (plus allocator slack)."""
+    release_freed_memory()
+    rss_before, anon_before = rss_bytes(), rss_bytes("RssAnon")
+    table = ours.new_table()
+    insert_fn = ours.functions(table)[0]
+    times = []
+    for i, keys in enumerate(key_batches):
+        start = time.perf_counter()
+        insert_fn(keys, value_pool[i % len(value_pool)])
+        times.append(time.perf_counter() - start)
+    size = int(table.size())
+    rss_after, anon_after = rss_bytes(), rss_bytes("RssAnon")
+    del table, insert_fn
+    release_freed_memory()
+    rss_after_free = rss_bytes()
+
+    counts = np.array([int(k.shape[0]) for k in key_batches])
+    ends = np.cumsum(counts)
+    secs = np.array(times)
+    windows = []
+    start_keys = 0
+    while start_keys < ends[-1]:
+        stop = start_keys + window
+        mask = (ends > start_keys) & (ends <= stop)
+        if not mask.any():
+            break
+        keys_in = int(counts[mask].sum())
+        windows.append({"from": start_keys, "to": int(ends[mask][-1]),
+                        "rate": keys_in / float(secs[mask].sum())})
+        start_keys = int(ends[mask][-1])
+    first = ends <= window
+    rest = ~first
+    growth = {
+        "keys": int(ends[-1]),
+        "size": size,
+        "windows": windows,
+        "rate_first": float(counts[first].sum() / secs[first].sum()),
+        "rate_rest": float(counts[rest].sum() / secs[rest].sum()) if rest.any() else None,
+        "total_s": float(secs.sum()),
+    }
+    if growth["rate_rest"]:
+        growth["ratio"] = growth["rate_first"] / growth["rate_rest"]
+    # rss_after_free - rss_before (~0) shows that freed memory went back to the OS, so
+    # the next measurement does not start on reusable resident pages.
+    memory = {"rss_delta": rss_after - rss_before, "size": size,
+              "rss_anon_delta": anon_after - anon_before,
+              "rss_after_free_minus_before": rss_after_free - rss_before}
+    return growth, memory
+
+
+def core_memory(dim: int, keys: np.ndarray, batch: int, threads: int):
+    """The pybind core's own `memory_bytes()` after inserting `keys` (or None)."""
+    try:
+        from tensorflow_dynemb import _core
+    except ImportError:
+        return None
+    table = _core.Table("int64", "float32", dim=dim, num_threads=threads)
+    values = np.ones((batch, dim), np.float32)
+    for b in split(keys, batch):
+        table.insert(b, values[:len(b)])
+    result = {"memory_bytes": int(table.memory_bytes()), "size": int(table.size())}
+    del table
+    release_freed_memory()
+    return result
+
+
+# -- reporting ----------------------------------------------------------------------------
+
+
+def mkeys(rate):
+    return "n/a" if rate is None else f"{rate / 1e6:7.2f}"
+
+
+def ratio_str(ours, ref):
+    return "" if not ours or not ref else f" (ours/ref {ours / ref:5.2f}x)"
+
+
+def print_dim(dim: int, res: dict):
+    print(f"\n== dim {dim}: keys/s in millions (best of {res['repeats']}) ==")
+    ours = res["ours"]
+    print(f"{'op':18s} {'ours':>8s}   {'DenseHashTable':>30s}   {'TFRA CuckooHashTable':>30s}"
+          f"   {'tf.gather':>30s}")
+    for op in ("insert_new", "upsert", "lookup"):
+        cells = []
+        for ref in ("DenseHashTable", "TFRA", "gather"):
+            r = res.get(ref)
+            if r is None or op not in r:
+                cells.append(f"{'-':>30s}")
+            else:
+                cells.append(f"{mkeys(r[op]) + ratio_str(ours[op], r[op]):>30s}")
+        print(f"{op:18s} {mkeys(ours[op]):>8s}   " + "   ".join(cells))
+
+
+def evaluate_targets(results: dict):
+    targets = []
+
+    def add(name, value, limit, ok, note=""):
+        targets.append({"target": name, "value": value, "limit": limit,
+                        "pass": bool(ok) if value is not None else None, "note": note})
+
+    for dim_key, res in results["throughput"].items():
+        ours = res["ours"]
+        g = res.get("gather")
+        if g:
+            v = ours["lookup"] / g["lookup"]
+            add(f"{dim_key} lookup >= 0.8 x tf.gather", v, 0.8, v >= 0.8)
+        for op in ("insert_new", "upsert"):
+            t = res.get("TFRA")
+            if t:
+                v = ours[op] / t[op]
+                add(f"{dim_key} {op} >= 10 x TFRA", v, 10.0, v >= 10.0)
+            else:
+                add(f"{dim_key} {op} >= 10 x TFRA", None, 10.0, None, "TFRA not installed")
+            d = res.get("DenseHashTable")
+            if d:
+                v = ours[op] / d[op]
+                add(f"{dim_key} {op} >= DenseHashTable", v, 1.0, v >= 1.0)
+    growth = results.get("growth")
+    if growth and growth.get("ratio") is not None:
+        add("growth rate(0-1M) / rate(1M-end) <= 2", growth["ratio"], 2.0, growth["ratio"] <= 2.0)
+    for dim_key, m in results.get("memory", {}).items():
+        v = m["bytes_per_key"] / m["payload"]
+        add(f"{dim_key} bytes/key <= 1.3 x payload", v, 1.3, v <= 1.3)
+    return targets
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=1 << 20, help="keys per throughput table")
+    p.add_argument("--dims", default="8,64", help="comma-separated value dims")
+    p.add_argument("--batch", type=int, default=65536, help="keys per op call")
+    p.add_argument("--growth-keys", type=int, default=10 * (1 << 20),
+                   help="keys inserted by the growth/memory run (0: skip it)")
+    p.add_argument("--growth-window", type=int, default=1 << 20,
+                   help="keys per reported growth window")
+    p.add_argument("--memory-dims", default="8,64",
+                   help="dims whose bytes/key is measured after --growth-keys inserts")
+    p.add_argument("--threads", type=int, default=usable_cores(),
+                   help="intra-op threads (default: all usable cores); inter-op is 1")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes; the best counts")
+    p.add_argument("--no-tfra", action="store_true", help="skip TFRA even if installed")
+    p.add_argument("--no-dense-hash-table", action="store_true", help="skip DenseHashTable")
+    p.add_argument("--thread-scaling", nargs="?", const="1,2", default=None, metavar="LIST",
+                   help="also run the throughput part at these intra-op thread counts "
+                        "(one child process each; default list 1,2)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=None,
+                   help="JSON results (default: benchmarks/results/table_ops_tf<version>.json)")
+    p.add_argument("--no-out", action="store_true", help="write no JSON file")
+    return p.parse_args(argv)
+
+
+def thread_scaling(args, counts):
+    """Runs the throughput part once per thread count in a child process."""
+    out = {}
+    for threads in counts:
+        path = f"/tmp/table_ops_threads{threads}_{os.getpid()}.json"
+        cmd = [sys.executable, os.path.abspath(__file__), "--keys", str(args.keys),
+               "--dims", args.dims, "--batch", str(args.batch), "--growth-keys", "0",
+               "--threads", str(threads), "--repeats", str(args.repeats),
+               "--seed", str(args.seed), "--out", path]
+        if args.no_tfra:
+            cmd.append("--no-tfra")
+        if args.no_dense_hash_table:
+            cmd.append("--no-dense-hash-table")
+        print(f"\n-- thread scaling: {threads} intra-op thread(s) (child process) --", flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:])
+            raise RuntimeError(f"thread-scaling child with {threads} threads failed")
+        with open(path) as f:
+            child = json.load(f)
+        os.remove(path)
+        out[str(threads)] = child["throughput"]
+    print("\n== thread scaling: keys/s in millions (ours; ref in brackets) ==")
+    print(f"{'threads':>7s} {'dim':>4s} {'insert_new':>10s} {'upsert':>8s} {'lookup':>8s}"
+          f" {'[gather]':>9s} {'[TFRA ins]':>10s} {'[DHT ins]':>9s}")
+    for threads, per_dim in out.items():
+        for dim_key, res in per_dim.items():
+            o = res["ours"]
+            extra = [res.get("gather", {}).get("lookup"), res.get("TFRA", {}).get("insert_new"),
+                     res.get("DenseHashTable", {}).get("insert_new")]
+            print(f"{threads:>7s} {dim_key[3:]:>4s} {mkeys(o['insert_new']):>10s} "
+                  f"{mkeys(o['upsert']):>8s} {mkeys(o['lookup']):>8s} "
+                  f"{mkeys(extra[0]):>9s} {mkeys(extra[1]):>10s} {mkeys(extra[2]):>9s}")
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dims = [int(d) for d in args.dims.split(",") if d]
+    memory_dims = [int(d) for d in args.memory_dims.split(",") if d]
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    # Must happen before TF runs any op (the thread pools are created once).
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+    tf.get_logger().setLevel("ERROR")  # retracing notes from the per-table functions
+
+    import tensorflow_dynemb as de
+
+    tfra_de, tfra_version, tfra_note = None, None, None
+    if not args.no_tfra:
+        try:
+            import tensorflow_recommenders_addons as tfra
+            tfra_de = tfra.dynamic_embedding
+            tfra_version = getattr(tfra, "__version__", "unknown")
+        except ImportError as e:  # not installed (TF 2.16 only) or built for another TF
+            tfra_note = f"TFRA not installed ({e})"
+            print(tfra_note)
+
+    load_start = os.getloadavg()
+    info = {
+        "benchmark": "benchmarks/table_ops.py",
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tf_version": tf.__version__,
+        "tfra_version": tfra_version,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "mem_total_gib": round(_proc_status_kb("MemTotal", "/proc/meminfo") / MIB, 1),
+        "intra_op_threads": args.threads,
+        "inter_op_threads": 1,
+        "keys": args.keys,
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "loadavg_start": load_start,
+        "de_file": de.__file__,
+    }
+    print(f"tensorflow {tf.__version__}; tensorflow_dynemb from {os.path.dirname(de.__file__)}; "
+          f"TFRA {tfra_version or 'not installed'}")
+    print(f"CPU: {info['cpu_model']}, {info['cores']} cores ({info['usable_cores']} usable); "
+          f"intra-op threads {args.threads}, inter-op 1; load average {load_start[0]:.2f} "
+          f"{load_start[1]:.2f} {load_start[2]:.2f}")
+    print(f"{args.keys} random int64 keys, float32 values, batches of {args.batch}, "
+          f"best of {args.repeats} after a warm-up")
+
+    results = {"info": info, "throughput": {}}
+    if tfra_note:
+        info["tfra_note"] = tfra_note
+
+    # ---- throughput at each dim ----
+    keys = random_keys(args.keys, args.seed)
+    key_batches = [tf.constant(b) for b in split(keys, args.batch)]
+    query_batches = [tf.constant(b) for b in split(np.random.default_rng(args.seed + 1)
+                                                   .permutation(keys), args.batch)]
+    for dim in dims:
+        rng = np.random.default_rng(args.seed + dim)
+        value_batches = [tf.constant(rng.standard_normal((int(k.shape[0]), dim), np.float32))
+                         for k in key_batches]
+        res = {"repeats": args.repeats}
+        impls = [Ours(tf, dim, de)]
+        if not args.no_dense_hash_table:
+            impls.append(DenseHashTable(tf, dim))
+        if tfra_de is not None:
+            impls.append(Tfra(tf, dim, tfra_de))
+        for impl in impls:
+            print(f"  dim {dim}: {impl.name} ...", flush=True)
+            res[impl.name] = bench_table(impl, key_batches, value_batches, query_batches,
+                                         args.repeats)
+        print(f"  dim {dim}: tf.gather ...", flush=True)
+        res["gather"] = bench_gather(tf, args.keys, dim, args.batch, args.repeats, args.seed)
+        results["throughput"][f"dim{dim}"] = res
+        print_dim(dim, res)
+        del value_batches
+        release_freed_memory()
+
+    # ---- growth and memory (ours) ----
+    if args.growth_keys % args.batch:
+        raise SystemExit("--growth-keys must be a multiple of --batch")
+    if args.growth_keys > 0:
+        print(f"\n== growth and memory: {args.growth_keys} new keys into one unbounded "
+              f"de.HashTable ==", flush=True)
+        gkeys = random_keys(args.growth_keys, args.seed + 100)
+        gkey_batches = [tf.constant(b) for b in split(gkeys, args.batch)]
+        results["memory"] = {}
+        for dim in sorted(set(memory_dims) | {8}):
+            need = args.growth_keys * (16 + 4 * dim) * 2
+            if dim != 8 and mem_available_bytes() < need:
+                print(f"dim {dim}: skipped, needs ~{need / 2**30:.1f} GiB available")
+                continue
+            rng = np.random.default_rng(args.seed + 1000 + dim)
+            # A pool of distinct value batches, cycled (all batches have the same size).
+            pool = [tf.constant(rng.standard_normal((args.batch, dim), np.float32))
+                    for _ in range(min(16, len(gkey_batches)))]
+            growth, mem = bench_growth(tf, Ours(tf, dim, de), gkey_batches, pool,
+                                       args.growth_window)
+            payload = 8 + 4 * dim
+            mem.update({"bytes_per_key": mem["rss_delta"] / mem["size"], "payload": payload,
+                        "floor_key_score_values": 16 + 4 * dim})
+            core = core_memory(dim, gkeys, args.batch, args.threads)
+            if core:
+                mem["core_memory_bytes"] = core["memory_bytes"]
+                mem["core_bytes_per_key"] = core["memory_bytes"] / core["size"]
+            results["memory"][f"dim{dim}"] = mem
+            if dim == 8:
+                results["growth"] = growth
+                print(f"dim 8 insert rate per window of {args.growth_window} keys "
+                      f"(M keys/s):")
+                for w in growth["windows"]:
+                    print(f"  {w['from'] / MIB:5.1f}M -> {w['to'] / MIB:5.1f}M: {mkeys(w['rate'])}")
+                print(f"  0 -> 1M {mkeys(growth['rate_first'])}, 1M -> {growth['keys'] / MIB:.0f}M "
+                      f"{mkeys(growth['rate_rest'])}; ratio {growth.get('ratio', float('nan')):.2f}"
+                      f" (target <= 2)")
+            else:
+                print(f"dim {dim}: inserted {mem['size']} keys in {growth['total_s']:.2f} s "
+                      f"({mkeys(growth['keys'] / growth['total_s'])} M keys/s)")
+            line = (f"dim {dim}: RSS +{mem['rss_delta'] / MIB:.1f} MiB for {mem['size']} keys = "
+                    f"{mem['bytes_per_key']:.1f} B/key (RssAnon: "
+                    f"{mem['rss_anon_delta'] / mem['size']:.1f}); payload {payload} B "
+                    f"-> {mem['bytes_per_key'] / payload:.2f}x (target <= 1.3x; key+score+values "
+                    f"floor {16 + 4 * dim} B = {(16 + 4 * dim) / payload:.2f}x)")
+            if core:
+                line += (f"; core memory_bytes() {mem['core_bytes_per_key']:.1f} B/key "
+                         f"({mem['core_bytes_per_key'] / payload:.2f}x)")
+            print(line, flush=True)
+            del pool
+            release_freed_memory()
+        del gkey_batches
+
+    if args.thread_scaling:
+        counts = [int(t) for t in args.thread_scaling.split(",") if t]
+        results["thread_scaling"] = thread_scaling(args, counts)
+
+    info["loadavg_end"] = os.getloadavg()
+    results["targets"] = evaluate_targets(results)
+    print("\n== targets ==")
+    for t in results["targets"]:
+        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[t["pass"]]
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"  {verdict}  {t['target']}: {value} {t['note']}".rstrip())
+    print(f"load average at end: {info['loadavg_end'][0]:.2f} {info['loadavg_end'][1]:.2f} "
+          f"{info['loadavg_end'][2]:.2f}")
+
+    if not args.no_out:
+        out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                       f"table_ops_tf{tf.__version__}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1, sort_keys=False, default=float)
+            f.write("\n")
+        print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
