@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Throughput and memory of `de.HashTable` next to its references, in one process.
+"""Throughput and memory of `de.HashTable` next to references measured in the same process.
 
     python benchmarks/table_ops.py [--keys 1048576] [--dims 8,64] [--batch 65536] \
         [--growth-keys 10485760] [--threads N] [--thread-scaling [1,2]] \
@@ -20,18 +20,22 @@ measures keys/s of
 Every op runs in a `tf.function` called once per batch on pre-built tensors; the
 timing loop never calls `.numpy()` (CPU eager function calls return when the
 kernel is done). Each figure is the best of `--repeats` passes after a warm-up
-pass; each insert pass starts from a fresh empty table.
+pass; each insert pass starts from a fresh empty table. The cost of one call on an
+empty batch (the fixed per-batch cost of a tf.function call) is printed too.
 
 Then, for `de.HashTable` only:
 
-* growth: `--growth-keys` new keys inserted into one unbounded table at dim 8,
-  with the rate of every window of 1M (2**20) keys and the ratio
-  rate(0 -> 1M) / rate(1M -> end);
+* growth: `--growth-keys` new keys inserted into one unbounded table (dim 8 for
+  the target; also dim 64), with the rate of every window of 1M (2**20) keys, the
+  ratio rate(0 -> 1M) / rate(1M -> end), page faults and system CPU time;
 * memory: the process's resident-set growth (VmRSS) over those inserts divided by
   the table size, at dim 8 and (when the memory is there) dim 64, beside the raw
   payload (8-byte key + 4 * dim bytes of values). When the pybind module
   `tensorflow_dynemb._core` is available, the core's own `memory_bytes()` for the
-  same load is printed too.
+  same load is printed too. Each dim's growth/memory run happens in a fresh child
+  process (same script, same flags): in a process that has already freed memory, a
+  new table can reuse pages that were resident before it was created, and the RSS
+  delta comes out too small.
 
 Targets (PASS/FAIL): lookup >= 0.8 x gather at every dim; insert (new keys) and
 upsert >= 10 x TFRA and >= DenseHashTable; growth ratio <= 2; bytes/key <= 1.3 x
@@ -50,7 +54,7 @@ import gc
 import json
 import os
 import platform
-import re
+import resource
 import subprocess
 import sys
 import time
@@ -217,12 +221,39 @@ class Tfra(Impl):
 # -- measurements --------------------------------------------------------------------------
 
 
-def timed_pass(fn, batches) -> float:
-    """Seconds for one call of `fn` per batch (each batch: a tuple of arguments)."""
+def timed_pass(fn, batches) -> dict:
+    """One call of `fn` per batch (each batch: a tuple of arguments): wall seconds, and
+    the process's minor page faults and user/system CPU seconds (all threads) meanwhile."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     for args in batches:
         fn(*args)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"s": seconds, "minflt": r1.ru_minflt - r0.ru_minflt,
+            "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}
+
+
+def call_overhead(fn, args, calls: int = 300) -> float:
+    """Seconds per call of `fn` on an empty batch (best of 3): the fixed cost of one
+    tf.function call and op launch, paid once per batch by every implementation."""
+    for _ in range(20):
+        fn(*args)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def summarize(n: int, op: str, passes) -> dict:
+    """keys/s of the fastest pass, all passes' seconds, and the fastest pass's
+    page faults and CPU time."""
+    best = min(passes, key=lambda p: p["s"])
+    return {op: n / best["s"], f"{op}_s": [p["s"] for p in passes],
+            f"{op}_best_pass": {k: v for k, v in best.items() if k != "s"}}
 
 
 def bench_table(impl: Impl, key_batches, value_batches, query_batches, repeats: int):
@@ -236,35 +267,35 @@ def bench_table(impl: Impl, key_batches, value_batches, query_batches, repeats: 
     del table, insert_fn
     release_freed_memory()
 
-    insert_s = []
+    insert_passes = []
     for _ in range(repeats):
         table = impl.new_table()
         insert_fn, lookup_fn = impl.functions(table)
-        insert_s.append(timed_pass(insert_fn, insert_args))
-        if len(insert_s) < repeats:
+        insert_passes.append(timed_pass(insert_fn, insert_args))
+        if len(insert_passes) < repeats:
             del table, insert_fn, lookup_fn
             release_freed_memory()
     size = int(table.size())
     if size != n:
         raise RuntimeError(f"{impl.name}: size {size} after inserting {n} distinct keys")
-    upsert_s = [timed_pass(insert_fn, insert_args) for _ in range(repeats)]
+    upsert_passes = [timed_pass(insert_fn, insert_args) for _ in range(repeats)]
     lookup_args = [(q,) for q in query_batches]
     timed_pass(lookup_fn, lookup_args)  # warm-up
-    lookup_s = [timed_pass(lookup_fn, lookup_args) for _ in range(repeats)]
+    lookup_passes = [timed_pass(lookup_fn, lookup_args) for _ in range(repeats)]
     # Spot check: the last batch's values came back.
     got = lookup_fn(key_batches[-1]).numpy()
     if not np.array_equal(got, value_batches[-1].numpy()):
         raise RuntimeError(f"{impl.name}: lookup returned wrong values")
+    empty_keys = key_batches[0][:0]
+    overhead = {"insert": call_overhead(insert_fn, (empty_keys, value_batches[0][:0])),
+                "lookup": call_overhead(lookup_fn, (empty_keys,))}
     del table, insert_fn, lookup_fn
     release_freed_memory()
-    return {
-        "insert_new": n / min(insert_s),
-        "upsert": n / min(upsert_s),
-        "lookup": n / min(lookup_s),
-        "insert_new_s": insert_s,
-        "upsert_s": upsert_s,
-        "lookup_s": lookup_s,
-    }
+    result = summarize(n, "insert_new", insert_passes)
+    result.update(summarize(n, "upsert", upsert_passes))
+    result.update(summarize(n, "lookup", lookup_passes))
+    result["empty_call_s"] = overhead
+    return result
 
 
 def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
@@ -278,10 +309,13 @@ def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
         return tf.gather(params, idx)
 
     timed_pass(gather_fn, rows)  # warm-up (and trace)
-    seconds = [timed_pass(gather_fn, rows) for _ in range(repeats)]
+    passes = [timed_pass(gather_fn, rows) for _ in range(repeats)]
+    overhead = call_overhead(gather_fn, (rows[0][0][:0],))
     del params, gather_fn
     release_freed_memory()
-    return {"lookup": n / min(seconds), "lookup_s": seconds}
+    result = summarize(n, "lookup", passes)
+    result["empty_call_s"] = {"lookup": overhead}
+    return result
 
 
 def bench_growth(tf, ours: Ours, key_batches, value_pool, window: int):
@@ -293,10 +327,12 @@ def bench_growth(tf, ours: Ours, key_batches, value_pool, window: int):
     table = ours.new_table()
     insert_fn = ours.functions(table)[0]
     times = []
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     for i, keys in enumerate(key_batches):
         start = time.perf_counter()
         insert_fn(keys, value_pool[i % len(value_pool)])
         times.append(time.perf_counter() - start)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     size = int(table.size())
     rss_after, anon_after = rss_bytes(), rss_bytes("RssAnon")
     del table, insert_fn
@@ -326,6 +362,9 @@ def bench_growth(tf, ours: Ours, key_batches, value_pool, window: int):
         "rate_first": float(counts[first].sum() / secs[first].sum()),
         "rate_rest": float(counts[rest].sum() / secs[rest].sum()) if rest.any() else None,
         "total_s": float(secs.sum()),
+        "minflt": r1.ru_minflt - r0.ru_minflt,
+        "user_s": r1.ru_utime - r0.ru_utime,
+        "sys_s": r1.ru_stime - r0.ru_stime,
     }
     if growth["rate_rest"]:
         growth["ratio"] = growth["rate_first"] / growth["rate_rest"]
@@ -378,6 +417,13 @@ def print_dim(dim: int, res: dict):
             else:
                 cells.append(f"{mkeys(r[op]) + ratio_str(ours[op], r[op]):>30s}")
         print(f"{op:18s} {mkeys(ours[op]):>8s}   " + "   ".join(cells))
+    calls = []
+    for name in ("ours", "DenseHashTable", "TFRA", "gather"):
+        if res.get(name):
+            calls.append(name + " " + "/".join(
+                f"{res[name]['empty_call_s'][k] * 1e6:.0f}" for k in ("insert", "lookup")
+                if k in res[name]["empty_call_s"]))
+    print("empty-batch call, microseconds (insert/lookup): " + ", ".join(calls))
 
 
 def evaluate_targets(results: dict):
@@ -413,6 +459,59 @@ def evaluate_targets(results: dict):
     return targets
 
 
+def growth_child(args, tf, de, dim: int) -> dict:
+    """The growth + memory measurement at `dim`, meant to run in a fresh process: a heap
+    that has freed nothing yet cannot hand the table resident pages that were counted
+    in the "before" RSS, which would make the RSS delta too small."""
+    gkeys = random_keys(args.growth_keys, args.seed + 100)
+    gkey_batches = [tf.constant(b) for b in split(gkeys, args.batch)]
+    rng = np.random.default_rng(args.seed + 1000 + dim)
+    # A pool of distinct value batches, cycled (all batches have the same size).
+    pool = [tf.constant(rng.standard_normal((args.batch, dim), np.float32))
+            for _ in range(min(16, len(gkey_batches)))]
+    # Warm-up on a small throwaway table: loads the kernels, starts the thread pools.
+    ours = Ours(tf, dim, de)
+    table = ours.new_table()
+    insert_fn, lookup_fn = ours.functions(table)
+    warm = tf.constant(random_keys(args.batch, args.seed + 200))
+    insert_fn(warm, pool[0])
+    lookup_fn(warm)
+    del table, insert_fn, lookup_fn, warm
+    growth, mem = bench_growth(tf, ours, gkey_batches, pool, args.growth_window)
+    payload = 8 + 4 * dim
+    mem.update({"bytes_per_key": mem["rss_delta"] / mem["size"], "payload": payload,
+                "floor_key_score_values": 16 + 4 * dim})
+    del pool, gkey_batches
+    release_freed_memory()
+    core = core_memory(dim, gkeys, args.batch, args.threads)
+    if core:
+        mem["core_memory_bytes"] = core["memory_bytes"]
+        mem["core_bytes_per_key"] = core["memory_bytes"] / core["size"]
+    return {"growth": growth, "memory": mem}
+
+
+def print_growth(dim: int, growth: dict, mem: dict, window: int):
+    w_m = f"{window / MIB:g}M"
+    print(f"dim {dim} insert rate per window of {window} keys (M keys/s):")
+    for w in growth["windows"]:
+        print(f"  {w['from'] / MIB:5.1f}M -> {w['to'] / MIB:5.1f}M: {mkeys(w['rate'])}")
+    print(f"  0 -> {w_m} {mkeys(growth['rate_first'])}, {w_m} -> {growth['keys'] / MIB:g}M "
+          f"{mkeys(growth['rate_rest'])}; ratio {growth.get('ratio', float('nan')):.2f}"
+          + (" (target <= 2)" if dim == 8 else " (no target)")
+          + f"; {growth['total_s']:.2f} s, {growth['minflt']} minor page faults, "
+          f"{growth['sys_s']:.2f} s system CPU")
+    payload = mem["payload"]
+    line = (f"dim {dim}: RSS +{mem['rss_delta'] / MIB:.1f} MiB for {mem['size']} keys = "
+            f"{mem['bytes_per_key']:.1f} B/key (RssAnon: "
+            f"{mem['rss_anon_delta'] / mem['size']:.1f}); payload {payload} B "
+            f"-> {mem['bytes_per_key'] / payload:.2f}x (target <= 1.3x; key+score+values "
+            f"floor {16 + 4 * dim} B = {(16 + 4 * dim) / payload:.2f}x)")
+    if "core_bytes_per_key" in mem:
+        line += (f"; core memory_bytes() {mem['core_bytes_per_key']:.1f} B/key "
+                 f"({mem['core_bytes_per_key'] / payload:.2f}x)")
+    print(line, flush=True)
+
+
 # -- main ---------------------------------------------------------------------------------
 
 
@@ -437,33 +536,43 @@ def parse_args(argv=None):
                    help="also run the throughput part at these intra-op thread counts "
                         "(one child process each; default list 1,2)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--growth-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None,
                    help="JSON results (default: benchmarks/results/table_ops_tf<version>.json)")
     p.add_argument("--no-out", action="store_true", help="write no JSON file")
     return p.parse_args(argv)
 
 
+def run_child(args, extra, what):
+    """Runs this script in a child process with the shared flags plus `extra`; returns
+    the JSON it writes."""
+    path = f"/tmp/table_ops_child_{os.getpid()}.json"
+    cmd = [sys.executable, os.path.abspath(__file__), "--keys", str(args.keys),
+           "--dims", args.dims, "--batch", str(args.batch),
+           "--growth-keys", str(args.growth_keys), "--growth-window", str(args.growth_window),
+           "--threads", str(args.threads), "--repeats", str(args.repeats),
+           "--seed", str(args.seed), "--out", path] + list(extra)
+    if args.no_tfra:
+        cmd.append("--no-tfra")
+    if args.no_dense_hash_table:
+        cmd.append("--no-dense-hash-table")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-4000:])
+        raise RuntimeError(f"child process ({what}) failed: {' '.join(cmd)}")
+    with open(path) as f:
+        child = json.load(f)
+    os.remove(path)
+    return child
+
+
 def thread_scaling(args, counts):
     """Runs the throughput part once per thread count in a child process."""
     out = {}
     for threads in counts:
-        path = f"/tmp/table_ops_threads{threads}_{os.getpid()}.json"
-        cmd = [sys.executable, os.path.abspath(__file__), "--keys", str(args.keys),
-               "--dims", args.dims, "--batch", str(args.batch), "--growth-keys", "0",
-               "--threads", str(threads), "--repeats", str(args.repeats),
-               "--seed", str(args.seed), "--out", path]
-        if args.no_tfra:
-            cmd.append("--no-tfra")
-        if args.no_dense_hash_table:
-            cmd.append("--no-dense-hash-table")
         print(f"\n-- thread scaling: {threads} intra-op thread(s) (child process) --", flush=True)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            print(proc.stdout[-4000:])
-            raise RuntimeError(f"thread-scaling child with {threads} threads failed")
-        with open(path) as f:
-            child = json.load(f)
-        os.remove(path)
+        child = run_child(args, ["--threads", str(threads), "--growth-keys", "0"],
+                          f"{threads} threads")
         out[str(threads)] = child["throughput"]
     print("\n== thread scaling: keys/s in millions (ours; ref in brackets) ==")
     print(f"{'threads':>7s} {'dim':>4s} {'insert_new':>10s} {'upsert':>8s} {'lookup':>8s}"
@@ -494,6 +603,11 @@ def main(argv=None):
     tf.get_logger().setLevel("ERROR")  # retracing notes from the per-table functions
 
     import tensorflow_dynemb as de
+
+    if args.growth_child is not None:  # internal: one growth/memory measurement
+        with open(args.out, "w") as f:
+            json.dump(growth_child(args, tf, de, args.growth_child), f)
+        return
 
     tfra_de, tfra_version, tfra_note = None, None, None
     if not args.no_tfra:
@@ -564,58 +678,25 @@ def main(argv=None):
         del value_batches
         release_freed_memory()
 
-    # ---- growth and memory (ours) ----
+    # ---- growth and memory (ours), one fresh child process per dim ----
     if args.growth_keys % args.batch:
         raise SystemExit("--growth-keys must be a multiple of --batch")
     if args.growth_keys > 0:
         print(f"\n== growth and memory: {args.growth_keys} new keys into one unbounded "
-              f"de.HashTable ==", flush=True)
-        gkeys = random_keys(args.growth_keys, args.seed + 100)
-        gkey_batches = [tf.constant(b) for b in split(gkeys, args.batch)]
-        results["memory"] = {}
+              f"de.HashTable (a fresh child process per dim) ==", flush=True)
+        results["memory"], results["growth_by_dim"] = {}, {}
         for dim in sorted(set(memory_dims) | {8}):
             need = args.growth_keys * (16 + 4 * dim) * 2
             if dim != 8 and mem_available_bytes() < need:
                 print(f"dim {dim}: skipped, needs ~{need / 2**30:.1f} GiB available")
                 continue
-            rng = np.random.default_rng(args.seed + 1000 + dim)
-            # A pool of distinct value batches, cycled (all batches have the same size).
-            pool = [tf.constant(rng.standard_normal((args.batch, dim), np.float32))
-                    for _ in range(min(16, len(gkey_batches)))]
-            growth, mem = bench_growth(tf, Ours(tf, dim, de), gkey_batches, pool,
-                                       args.growth_window)
-            payload = 8 + 4 * dim
-            mem.update({"bytes_per_key": mem["rss_delta"] / mem["size"], "payload": payload,
-                        "floor_key_score_values": 16 + 4 * dim})
-            core = core_memory(dim, gkeys, args.batch, args.threads)
-            if core:
-                mem["core_memory_bytes"] = core["memory_bytes"]
-                mem["core_bytes_per_key"] = core["memory_bytes"] / core["size"]
+            child = run_child(args, ["--growth-child", str(dim)], f"growth dim {dim}")
+            growth, mem = child["growth"], child["memory"]
             results["memory"][f"dim{dim}"] = mem
+            results["growth_by_dim"][f"dim{dim}"] = growth
             if dim == 8:
-                results["growth"] = growth
-                print(f"dim 8 insert rate per window of {args.growth_window} keys "
-                      f"(M keys/s):")
-                for w in growth["windows"]:
-                    print(f"  {w['from'] / MIB:5.1f}M -> {w['to'] / MIB:5.1f}M: {mkeys(w['rate'])}")
-                print(f"  0 -> 1M {mkeys(growth['rate_first'])}, 1M -> {growth['keys'] / MIB:.0f}M "
-                      f"{mkeys(growth['rate_rest'])}; ratio {growth.get('ratio', float('nan')):.2f}"
-                      f" (target <= 2)")
-            else:
-                print(f"dim {dim}: inserted {mem['size']} keys in {growth['total_s']:.2f} s "
-                      f"({mkeys(growth['keys'] / growth['total_s'])} M keys/s)")
-            line = (f"dim {dim}: RSS +{mem['rss_delta'] / MIB:.1f} MiB for {mem['size']} keys = "
-                    f"{mem['bytes_per_key']:.1f} B/key (RssAnon: "
-                    f"{mem['rss_anon_delta'] / mem['size']:.1f}); payload {payload} B "
-                    f"-> {mem['bytes_per_key'] / payload:.2f}x (target <= 1.3x; key+score+values "
-                    f"floor {16 + 4 * dim} B = {(16 + 4 * dim) / payload:.2f}x)")
-            if core:
-                line += (f"; core memory_bytes() {mem['core_bytes_per_key']:.1f} B/key "
-                         f"({mem['core_bytes_per_key'] / payload:.2f}x)")
-            print(line, flush=True)
-            del pool
-            release_freed_memory()
-        del gkey_batches
+                results["growth"] = growth  # the one the target applies to
+            print_growth(dim, growth, mem, args.growth_window)
 
     if args.thread_scaling:
         counts = [int(t) for t in args.thread_scaling.split(",") if t]

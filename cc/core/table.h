@@ -26,14 +26,15 @@
 // CPU memory layout (cpu/cpu_table.*)
 //   The table is split into kNumShards shards chosen by the top bits of the
 //   key's 64-bit hash. Each shard owns:
-//     - a slot array: open addressing with linear probing, one uint32 per slot
-//       holding (7-bit hash tag | 24-bit row index); 0 means empty. Probing
-//       reads 16 slots per cache line and only compares keys on a tag match.
-//       Deletion is by backward shift, so there are no tombstones and no key
-//       value has to be reserved.
+//     - a slot array: open addressing with linear probing, one uint64 per slot
+//       holding (row index << 32 | low 32 bits of the key's hash); a row index
+//       of 0xffffffff marks an empty slot. The hash bits give the home slot, so
+//       growth and deletion never read rows, and keys are compared only when
+//       the 32 bits match. Deletion is by backward shift, so there are no
+//       tombstones and no key value has to be reserved.
 //     - a row slab: rows of [key | score | values] in chunks (no allocation
 //       per key). Rows never move, so growing the slot array rehashes only
-//       4-byte slots, never values; freed rows go to a free list.
+//       8-byte slots, never values; freed rows go to a free list.
 //   Growth doubles one shard's slot array when it passes 3/4 load. Shards grow
 //   independently, so a rehash stalls 1/kNumShards of the table briefly.
 //
