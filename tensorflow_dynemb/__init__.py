@@ -15,6 +15,14 @@ from tensorflow_dynemb.tables import (
     HkvHashTable,
     HkvHashTableConfig,
 )
+from tensorflow_dynemb.variable import (
+    CuckooHashTableCreator,
+    HashTableCreator,
+    HkvHashTableCreator,
+    Variable,
+    default_partition_fn,
+    get_variable,
+)
 
 __version__ = "0.1.0"
 
@@ -24,6 +32,12 @@ _ops.load_op_library()
 
 __all__ = [
     "CuckooHashTable",
+    "CuckooHashTableCreator",
+    "HashTableCreator",
+    "HkvHashTableCreator",
+    "Variable",
+    "default_partition_fn",
+    "get_variable",
     "HashTable",
     "HkvEvictStrategy",
     "HkvHashTable",

@@ -19,6 +19,13 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_dynemb import _ops
+from tensorflow_dynemb.checkpoint import (
+    CKPT_KEYS,
+    CKPT_SCORES,
+    CKPT_VALUES,
+    in_tf1_graph,
+    register_for_tf1_saver,
+)
 from tensorflow_dynemb._convert import (
     KEY_DTYPES,
     VALUE_DTYPES,
@@ -41,11 +48,6 @@ __all__ = [
 KHkvHashTableInitCapacity = 1024 * 1024
 KHkvHashTableMaxCapacity = 1024 * 1024
 KHkvHashTableMaxHbmForValuesByBytes = 1024 * 1024 * 1024
-
-# Checkpoint keys, relative to the table's own checkpoint prefix.
-_CKPT_KEYS = "-keys"
-_CKPT_VALUES = "-values"
-_CKPT_SCORES = "-scores"
 
 
 def _gen_ops():
@@ -113,16 +115,9 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         else:
             self._table_name = self._resource_handle.op.name.split("/")[-1]
 
-        if self._checkpoint and not tf.executing_eagerly() and not tf.inside_function():
-            # TF1 `tf.compat.v1.train.Saver` finds tables through this collection; the
-            # SaveableObject is built from the same `_serialize_to_tensors` hooks that
-            # `tf.train.Checkpoint` uses, named by the (graph-unique) op name.
-            factories = tf.__internal__.tracking.saveable_objects_from_trackable(self)
-            (factory,) = factories.values()
-            tf.compat.v1.add_to_collection(
-                tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
-                factory(name=self._resource_handle.op.name),
-            )
+        if self._checkpoint and in_tf1_graph():
+            # Named by the (graph-unique) op name.
+            register_for_tf1_saver(self, self._resource_handle.op.name)
 
     # -- resource ------------------------------------------------------------------------
 
@@ -451,11 +446,29 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         Returns:
           The load operation (None when executing eagerly).
         """
-        chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
         path, _ = self._file_path(dirpath, file_name)
+        return self._load_files(path, chunk_rows, clear, name=name)
+
+    def _load_files(
+        self,
+        paths: Any,
+        chunk_rows: int,
+        clear: bool,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        name: Optional[str] = None,
+    ):
+        """Loads table files (one path or a vector of them); with `num_shards` > 1 only
+        the keys `default_partition_fn` sends to `shard_index`."""
+        chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
         with tf.name_scope(name or f"{self._name}_load_from_file"), self._placement():
             return _gen_ops().dynemb_table_load_from_file(
-                self.resource_handle, path, chunk_rows=chunk_rows, clear_first=bool(clear)
+                self.resource_handle,
+                paths,
+                chunk_rows=chunk_rows,
+                clear_first=bool(clear),
+                num_shards=num_shards,
+                shard_index=shard_index,
             )
 
     # -- checkpointing (public Trackable hooks) --------------------------------------------
@@ -464,15 +477,15 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         if not self._checkpoint:
             return {}  # `checkpoint=False`: checkpoints carry nothing for this table
         keys, values, scores = self.export_with_scores(name=f"{self._name}_checkpoint_export")
-        return {_CKPT_KEYS: keys, _CKPT_VALUES: values, _CKPT_SCORES: scores}
+        return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
 
     def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
         if not restored_tensors:
             return None
-        scores = restored_tensors.get(_CKPT_SCORES)
+        scores = restored_tensors.get(CKPT_SCORES)
         return self.import_(
-            restored_tensors[_CKPT_KEYS],
-            restored_tensors[_CKPT_VALUES],
+            restored_tensors[CKPT_KEYS],
+            restored_tensors[CKPT_VALUES],
             scores,
             name=f"{self._name}_checkpoint_restore",
         )

@@ -742,7 +742,7 @@ class PyTable {
     Status status;
     {
       py::gil_scoped_release release;
-      status = LoadTable(&source, *table_, chunk_rows, clear_first, *runner_);
+      status = LoadTable({&source}, *table_, LoadOptions{chunk_rows, clear_first}, *runner_);
     }
     ThrowIfError(status);
   }

@@ -231,6 +231,8 @@ class ByteSource {
   // Goes back to the first byte (the loader validates a file fully before it
   // clears the table, then reads it again).
   virtual Status Rewind() = 0;
+  // What errors about this stream are prefixed with (e.g. its file path).
+  virtual std::string Name() const { return std::string(); }
 };
 
 // Counters since creation (monotonic; Clear does not reset them).

@@ -1,9 +1,12 @@
 #include "cc/core/table_io.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "cc/core/partition.h"
 
 namespace dynemb {
 namespace {
@@ -110,52 +113,110 @@ Status ReadHeader(ByteSource* source, const TableOptions& opt) {
   return Status::Ok();
 }
 
+// Reads a string key of `len` bytes in pieces, so that a damaged length
+// field costs at most the bytes the stream really has, not a 4 GiB allocation.
+Status ReadStringKey(ByteSource* source, uint32_t len, std::string* key) {
+  constexpr uint32_t kPiece = 1 << 16;
+  key->clear();
+  for (uint32_t got = 0; got < len;) {
+    const uint32_t step = std::min(len - got, kPiece);
+    key->resize(got + step);
+    DYNEMB_RETURN_IF_ERROR(ReadExact(source, &(*key)[got], step, "a key"));
+    got += step;
+  }
+  return Status::Ok();
+}
+
+// One batch of rows read from a stream, in the layout Table::Insert takes.
+struct RowBatch {
+  std::vector<char> numeric_keys;
+  std::vector<std::string> string_keys;
+  std::vector<std::string_view> string_views;
+  std::vector<char> values;
+  std::vector<uint64_t> scores;
+
+  // Keeps only the rows of shard `index` of `num_shards`, in order.
+  // Returns the number kept.
+  uint64_t KeepShard(const TableOptions& opt, uint64_t n, int32_t num_shards, int32_t index) {
+    const size_t value_bytes = opt.value_bytes();
+    uint64_t kept = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      int32_t shard;
+      if (opt.key_type == KeyType::kString) {
+        shard = ShardOfKey(std::string_view(string_keys[i]), num_shards);
+      } else if (opt.key_type == KeyType::kInt32) {
+        int32_t k;
+        std::memcpy(&k, numeric_keys.data() + i * 4, 4);
+        shard = ShardOfKey(k, num_shards);
+      } else {
+        int64_t k;
+        std::memcpy(&k, numeric_keys.data() + i * 8, 8);
+        shard = ShardOfKey(k, num_shards);
+      }
+      if (shard != index) continue;
+      if (kept != i) {
+        if (opt.key_type == KeyType::kString) {
+          string_keys[kept].swap(string_keys[i]);
+        } else {
+          const size_t kb = NumericKeyBytes(opt.key_type);
+          std::memcpy(numeric_keys.data() + kept * kb, numeric_keys.data() + i * kb, kb);
+        }
+        std::memcpy(values.data() + kept * value_bytes, values.data() + i * value_bytes,
+                    value_bytes);
+        scores[kept] = scores[i];
+      }
+      ++kept;
+    }
+    return kept;
+  }
+
+  const void* keys(const TableOptions& opt, uint64_t n) {
+    if (opt.key_type != KeyType::kString) return numeric_keys.data();
+    string_views.assign(string_keys.begin(), string_keys.begin() + n);
+    return string_views.data();
+  }
+};
+
 // Reads the records after the header in batches of at most chunk_rows rows,
-// inserting each batch into `table` (or, with table == nullptr, only checking
-// that the stream is complete and well formed).
-Status ReadRecords(ByteSource* source, const TableOptions& opt, int64_t chunk_rows, Table* table,
-                   const Runner& runner) {
+// inserting each batch (filtered to one shard when asked) into `table`, or,
+// with table == nullptr, only checking that the stream is complete and well
+// formed.
+Status ReadRecords(ByteSource* source, const TableOptions& opt, const LoadOptions& load,
+                   Table* table, const Runner& runner) {
   const size_t value_bytes = opt.value_bytes();
   const bool string_keys = opt.key_type == KeyType::kString;
   const size_t key_bytes = string_keys ? 0 : NumericKeyBytes(opt.key_type);
-  std::vector<char> numeric_keys;
-  std::vector<std::string> string_storage;
-  std::vector<std::string_view> string_keys_view;
-  std::vector<char> values;
-  std::vector<uint64_t> scores;
+  RowBatch rows;
   uint64_t total = 0;
   for (;;) {
     uint64_t n = 0;
     DYNEMB_RETURN_IF_ERROR(ReadExact(source, &n, sizeof(n), "a record size"));
     if (n == 0) break;
     for (uint64_t done = 0; done < n;) {
-      const uint64_t batch = std::min<uint64_t>(n - done, static_cast<uint64_t>(chunk_rows));
-      numeric_keys.resize(batch * key_bytes);
-      string_storage.resize(string_keys ? batch : 0);
-      values.resize(batch * value_bytes);
-      scores.resize(batch);
+      const uint64_t batch = std::min<uint64_t>(n - done, static_cast<uint64_t>(load.chunk_rows));
+      rows.numeric_keys.resize(batch * key_bytes);
+      rows.string_keys.resize(string_keys ? batch : 0);
+      rows.values.resize(batch * value_bytes);
+      rows.scores.resize(batch);
       for (uint64_t i = 0; i < batch; ++i) {
         if (string_keys) {
           uint32_t len = 0;
           DYNEMB_RETURN_IF_ERROR(ReadExact(source, &len, sizeof(len), "a key length"));
-          string_storage[i].resize(len);
-          if (len > 0) DYNEMB_RETURN_IF_ERROR(ReadExact(source, &string_storage[i][0], len, "a key"));
+          DYNEMB_RETURN_IF_ERROR(ReadStringKey(source, len, &rows.string_keys[i]));
         } else {
           DYNEMB_RETURN_IF_ERROR(
-              ReadExact(source, numeric_keys.data() + i * key_bytes, key_bytes, "a key"));
+              ReadExact(source, rows.numeric_keys.data() + i * key_bytes, key_bytes, "a key"));
         }
-        DYNEMB_RETURN_IF_ERROR(ReadExact(source, &scores[i], sizeof(uint64_t), "a score"));
+        DYNEMB_RETURN_IF_ERROR(ReadExact(source, &rows.scores[i], sizeof(uint64_t), "a score"));
         DYNEMB_RETURN_IF_ERROR(
-            ReadExact(source, values.data() + i * value_bytes, value_bytes, "a value row"));
+            ReadExact(source, rows.values.data() + i * value_bytes, value_bytes, "a value row"));
       }
       if (table != nullptr) {
-        const void* keys = numeric_keys.data();
-        if (string_keys) {
-          string_keys_view.assign(string_storage.begin(), string_storage.end());
-          keys = string_keys_view.data();
-        }
-        DYNEMB_RETURN_IF_ERROR(
-            table->Insert(keys, static_cast<int64_t>(batch), values.data(), scores.data(), runner));
+        const uint64_t kept = load.num_shards > 1
+                                  ? rows.KeepShard(opt, batch, load.num_shards, load.shard_index)
+                                  : batch;
+        DYNEMB_RETURN_IF_ERROR(table->Insert(rows.keys(opt, kept), static_cast<int64_t>(kept),
+                                             rows.values.data(), rows.scores.data(), runner));
       }
       done += batch;
       total += batch;
@@ -173,22 +234,53 @@ Status ReadRecords(ByteSource* source, const TableOptions& opt, int64_t chunk_ro
 
 }  // namespace
 
-Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clear_first,
-                 const Runner& runner) {
-  if (chunk_rows < 1) {
-    return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
-  }
-  const TableOptions& opt = table.options();
-  if (clear_first) {
-    // A damaged file must not cost the table its content: read it through
-    // once before clearing (reading is far cheaper than inserting).
-    DYNEMB_RETURN_IF_ERROR(ReadHeader(source, opt));
-    DYNEMB_RETURN_IF_ERROR(ReadRecords(source, opt, chunk_rows, nullptr, runner));
-    DYNEMB_RETURN_IF_ERROR(source->Rewind());
-  }
+namespace {
+
+// `status`, prefixed with the name of the stream it is about.
+Status Named(const ByteSource& source, Status status) {
+  if (status.ok() || source.Name().empty()) return status;
+  return Status(status.code(), source.Name() + ": " + status.message());
+}
+
+Status ValidateStream(ByteSource* source, const TableOptions& opt, const LoadOptions& options,
+                      const Runner& runner) {
   DYNEMB_RETURN_IF_ERROR(ReadHeader(source, opt));
-  if (clear_first) table.Clear();
-  return ReadRecords(source, opt, chunk_rows, &table, runner);
+  DYNEMB_RETURN_IF_ERROR(ReadRecords(source, opt, options, nullptr, runner));
+  return source->Rewind();
+}
+
+Status LoadStream(ByteSource* source, Table& table, const LoadOptions& options,
+                  const Runner& runner) {
+  DYNEMB_RETURN_IF_ERROR(ReadHeader(source, table.options()));
+  return ReadRecords(source, table.options(), options, &table, runner);
+}
+
+}  // namespace
+
+Status LoadTable(const std::vector<ByteSource*>& sources, Table& table,
+                 const LoadOptions& options, const Runner& runner) {
+  if (options.chunk_rows < 1) {
+    return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(options.chunk_rows));
+  }
+  if (options.num_shards < 1 || options.shard_index < 0 ||
+      options.shard_index >= options.num_shards) {
+    return InvalidArgument("shard_index must be in [0, num_shards), got shard_index " +
+                           std::to_string(options.shard_index) + ", num_shards " +
+                           std::to_string(options.num_shards));
+  }
+  if (options.clear_first) {
+    // A damaged file must not cost the table its content: read every stream
+    // through once before clearing (reading is far cheaper than inserting).
+    for (ByteSource* source : sources) {
+      DYNEMB_RETURN_IF_ERROR(
+          Named(*source, ValidateStream(source, table.options(), options, runner)));
+    }
+    table.Clear();
+  }
+  for (ByteSource* source : sources) {
+    DYNEMB_RETURN_IF_ERROR(Named(*source, LoadStream(source, table, options, runner)));
+  }
+  return Status::Ok();
 }
 
 }  // namespace dynemb

@@ -15,6 +15,7 @@
 #define DYNEMB_CORE_TABLE_IO_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "cc/core/table.h"
 
@@ -23,13 +24,24 @@ namespace dynemb {
 // Writes every entry of `table` (keys, scores, values) to `sink` and closes it.
 Status SaveTable(Table& table, int64_t chunk_rows, ByteSink* sink);
 
-// Reads a stream written by SaveTable into `table`, inserting at most
-// `chunk_rows` rows per batch, with their saved scores. The key type, value
-// type and dim must match the table's (the error names both). With
-// `clear_first`, the stream is validated to its footer, rewound, and only
-// then is the table cleared and loaded.
-Status LoadTable(ByteSource* source, Table& table, int64_t chunk_rows, bool clear_first,
-                 const Runner& runner);
+// How LoadTable reads its streams.
+struct LoadOptions {
+  int64_t chunk_rows = 65536;  // rows inserted per batch (memory stays O(chunk_rows))
+  bool clear_first = true;     // replace the table's content instead of upserting
+  // Keep only the entries with ShardOfKey(key, num_shards) == shard_index
+  // (partition.h): how one shard of a variable loads the files a variable
+  // with another number of shards saved. num_shards 1 keeps everything.
+  int32_t num_shards = 1;
+  int32_t shard_index = 0;
+};
+
+// Reads streams written by SaveTable into `table`, with their saved scores.
+// The key type, value type and dim of each must match the table's (the error
+// names both). With `clear_first`, every stream is validated to its footer
+// and rewound, and only then is the table cleared and loaded: a damaged or
+// mismatched file leaves the table unchanged.
+Status LoadTable(const std::vector<ByteSource*>& sources, Table& table,
+                 const LoadOptions& options, const Runner& runner);
 
 }  // namespace dynemb
 

@@ -411,8 +411,9 @@ class WritableFileSink : public ByteSink {
 
 class InputBufferSource : public ByteSource {
  public:
-  explicit InputBufferSource(std::unique_ptr<tensorflow::RandomAccessFile> file)
-      : file_(std::move(file)), buffer_(file_.get(), 4 << 20) {}
+  InputBufferSource(std::unique_ptr<tensorflow::RandomAccessFile> file, std::string path)
+      : file_(std::move(file)), buffer_(file_.get(), 4 << 20), path_(std::move(path)) {}
+  std::string Name() const override { return path_; }
   Status Rewind() override { return WritableFileSink::FromTf(buffer_.Seek(0)); }
   Status Read(void* data, size_t size, bool* eof) override {
     *eof = false;
@@ -431,6 +432,7 @@ class InputBufferSource : public ByteSource {
  private:
   std::unique_ptr<tensorflow::RandomAccessFile> file_;
   tensorflow::io::InputBuffer buffer_;
+  std::string path_;
 };
 
 class SaveToFileOp : public TableOpKernel {
@@ -460,25 +462,37 @@ class SaveToFileOp : public TableOpKernel {
 class LoadFromFileOp : public TableOpKernel {
  public:
   explicit LoadFromFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &clear_first_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &options_.chunk_rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &options_.clear_first));
+    int64_t num_shards = 1, shard_index = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index));
+    OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "shard_index must be in [0, num_shards), got shard_index ", shard_index,
+                    ", num_shards ", num_shards)));
+    options_.num_shards = static_cast<int32_t>(num_shards);
+    options_.shard_index = static_cast<int32_t>(shard_index);
   }
 
  protected:
   void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const std::string path(ctx->input(1).scalar<tensorflow::tstring>()());
-    std::unique_ptr<tensorflow::RandomAccessFile> file;
-    OP_REQUIRES_OK(ctx, tensorflow::Env::Default()->NewRandomAccessFile(path, &file));
-    InputBufferSource source(std::move(file));
+    const auto paths = ctx->input(1).flat<tensorflow::tstring>();
+    std::vector<std::unique_ptr<InputBufferSource>> owned;
+    std::vector<ByteSource*> sources;
+    for (int64_t i = 0; i < paths.size(); ++i) {
+      const std::string path(paths(i));
+      std::unique_ptr<tensorflow::RandomAccessFile> file;
+      OP_REQUIRES_OK(ctx, tensorflow::Env::Default()->NewRandomAccessFile(path, &file));
+      owned.push_back(std::make_unique<InputBufferSource>(std::move(file), path));
+      sources.push_back(owned.back().get());
+    }
     ThreadPoolRunner runner(ctx);
-    Status status = LoadTable(&source, resource->table(), chunk_rows_, clear_first_, runner);
-    OP_REQUIRES_OK(ctx, ToTfStatus(status.ok() ? status
-                                               : Status(status.code(), path + ": " + status.message())));
+    OP_REQUIRES_OK(ctx, ToTfStatus(LoadTable(sources, resource->table(), options_, runner)));
   }
 
  private:
-  int64_t chunk_rows_;
-  bool clear_first_;
+  LoadOptions options_;
 };
 
 #define DYNEMB_REGISTER_CPU(name, kernel) \

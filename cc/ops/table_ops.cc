@@ -263,14 +263,19 @@ second copy of the table in memory.
 
 REGISTER_OP("DynembTableLoadFromFile")
     .Input("table_handle: resource")
-    .Input("filepath: string")
+    .Input("filepaths: string")
     .Attr("chunk_rows: int >= 1 = 65536")
     .Attr("clear_first: bool = true")
-    .SetShapeFn(FileOpShape)
+    .Attr("num_shards: int >= 1 = 1")
+    .Attr("shard_index: int >= 0 = 0")
+    .SetShapeFn(HandleOnlyShape)
     .Doc(R"doc(
-Streams a file written by DynembTableSaveToFile into the table (with
-`clear_first`, replacing its content). Key type, value type and value size must
-match the table's; the error names both.
+Streams files written by DynembTableSaveToFile (`filepaths`: one path, or any
+number) into the table; with `clear_first`, every file is validated before the
+content is replaced. With num_shards > 1, only keys that DynembPartition sends
+to `shard_index` are kept (loading a variable saved with another number of
+shards). Key type, value type and value size must match the table's; the error
+names both.
 )doc");
 
 }  // namespace dynemb

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "cc/core/partition.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
 #include "cc/core/value_ops.h"
@@ -395,7 +396,7 @@ void TestSaveLoad(const Runner& runner) {
 
   auto u = MakeTable(KeyType::kInt32, ValueType::kFloat64, 3);
   MemorySource source(sink.data);
-  CHECK_OK(LoadTable(&source, *u, 100, true, runner));
+  CHECK_OK(LoadTable({&source}, *u, LoadOptions{100, true}, runner));
   CHECK(u->Size() == 1000);
   std::vector<double> out(values.size());
   const double def[3] = {0, 0, 0};
@@ -424,7 +425,7 @@ void TestSaveLoad(const Runner& runner) {
   const double row[4] = {1, 2, 3, 4};
   CHECK_OK(w->Insert(&one, 1, row, nullptr, runner));
   MemorySource again(sink.data);
-  Status s = LoadTable(&again, *w, 100, true, runner);
+  Status s = LoadTable({&again}, *w, LoadOptions{100, true}, runner);
   CHECK(!s.ok());
   CHECK(s.message().find('3') != std::string::npos && s.message().find('4') != std::string::npos);
   CHECK(w->Size() == 1);
@@ -437,7 +438,7 @@ void TestSaveLoad(const Runner& runner) {
     const double seven_row[3] = {7, 7, 7};
     CHECK_OK(x->Insert(&seven, 1, seven_row, nullptr, runner));
     MemorySource truncated(sink.data.substr(0, cut));
-    CHECK(!LoadTable(&truncated, *x, 100, true, runner).ok());
+    CHECK(!LoadTable({&truncated}, *x, LoadOptions{100, true}, runner).ok());
     CHECK(x->Size() == 1);
   }
 }
@@ -578,6 +579,66 @@ void TestConcurrentMixed() {
   CHECK(t->Size() >= 0 && t->Size() <= kKeys);
 }
 
+
+// Loading files saved by several tables into one shard of another sharding
+// keeps exactly the keys ShardOfKey routes there, from every file.
+void TestShardedLoad(const Runner& runner) {
+  std::vector<std::string> files;
+  std::vector<int64_t> all_keys;
+  for (int part = 0; part < 2; ++part) {
+    auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+    std::vector<int64_t> keys;
+    std::vector<float> values;
+    for (int64_t i = 0; i < 500; ++i) {
+      keys.push_back(part * 1000000 + i * 31 - 7000);
+      values.push_back(static_cast<float>(keys.back()));
+      values.push_back(-static_cast<float>(keys.back()));
+    }
+    CHECK_OK(t->Insert(keys.data(), keys.size(), values.data(), nullptr, runner));
+    MemorySink sink;
+    CHECK_OK(SaveTable(*t, 64, &sink));
+    files.push_back(sink.data);
+    all_keys.insert(all_keys.end(), keys.begin(), keys.end());
+  }
+  int64_t total = 0;
+  for (int32_t shard = 0; shard < 3; ++shard) {
+    auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+    MemorySource a(files[0]), b(files[1]);
+    CHECK_OK(LoadTable({&a, &b}, *t, LoadOptions{100, true, 3, shard}, runner));
+    int64_t expected = 0;
+    for (int64_t k : all_keys) {
+      const bool mine = ShardOfKey(k, 3) == shard;
+      expected += mine;
+      float row[2];
+      bool found = false;
+      const float def[2] = {0, 0};
+      CHECK_OK(t->Find(&k, 1, row, &found, def, false, runner));
+      CHECK(found == mine);
+      if (mine) CHECK(row[0] == static_cast<float>(k) && row[1] == -static_cast<float>(k));
+    }
+    CHECK(t->Size() == expected);
+    total += t->Size();
+  }
+  CHECK(total == static_cast<int64_t>(all_keys.size()));
+  // A shard index out of range is an error, not an empty load.
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+  MemorySource a(files[0]);
+  CHECK(!LoadTable({&a}, *t, LoadOptions{100, true, 3, 3}, runner).ok());
+}
+
+// The partition hash is a cross-machine contract: these values must never
+// change (tests/test_variable_partition.py pins the same through the op).
+void TestPartitionIsStable() {
+  CHECK(StableKeyHash(int64_t{0}) == 0);
+  CHECK(StableKeyHash(int64_t{1}) == 0xb456bcfc34c2cb2cULL);
+  CHECK(StableKeyHash(int32_t{-1}) == StableKeyHash(int64_t{-1}));
+  CHECK(ShardOfKey(std::string_view(""), 7) == ShardOfKey(std::string_view(""), 7));
+  for (int64_t k = -1000; k < 1000; ++k) {
+    const int32_t s = ShardOfKey(k, 5);
+    CHECK(s >= 0 && s < 5);
+  }
+}
+
 }  // namespace
 }  // namespace dynemb
 
@@ -596,6 +657,8 @@ int main() {
       {"strings_and_growth/serial", [&] { TestStringsAndGrowth(serial); }},
       {"strings_and_growth/threads", [&] { TestStringsAndGrowth(threads); }},
       {"save_load", [&] { TestSaveLoad(threads); }},
+      {"sharded_load", [&] { TestShardedLoad(threads); }},
+      {"partition_is_stable", TestPartitionIsStable},
       {"concurrent_writers", TestConcurrentWriters},
       {"concurrent_mixed", TestConcurrentMixed},
   };

@@ -1,0 +1,165 @@
+"""What the missing keys of a `de.Variable` read: its `initializer`, resolved once.
+
+Three kinds, chosen when the variable is created:
+
+- constant rows (a number, list, ndarray, `[dim]` tensor, or a Zeros / Ones / Constant
+  initializer): the row is the shard tables' `default_value`, so a lookup costs nothing
+  extra;
+- key-seeded random rows (RandomNormal, RandomUniform, TruncatedNormal from Keras 3,
+  `tf_keras`, `tf.*_initializer` or `tf.compat.v1`): the `DynembKeyedRandom` op draws
+  row `r(seed, key)`, so every missing key gets its own draw, and the same key gets the
+  same row on any shard, in any process and after any restore. With an integer `seed`
+  on the initializer (or a global `tf.random.set_seed`) this is fully deterministic;
+  without one the seed is drawn once per variable;
+- any other callable (VarianceScaling family, Orthogonal, user functions): called as
+  `initializer(shape=[n, dim], dtype=value_dtype)` for the `n` missing keys of a batch,
+  as TFRA does.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_dynemb import _ops
+from tensorflow_dynemb._convert import convert
+
+__all__ = ["RowInitializer", "make_row_initializer"]
+
+# Initializer class names (the same in Keras 3, tf_keras, TF v2 and TF v1) -> the
+# DynembKeyedRandom distribution and the config fields of its (a, b) parameters.
+_KEYED_DISTRIBUTIONS = {
+    "RandomNormal": ("normal", "mean", "stddev"),
+    "TruncatedNormal": ("truncated_normal", "mean", "stddev"),
+    "RandomUniform": ("uniform", "minval", "maxval"),
+}
+_CONSTANT_INITIALIZERS = {"Zeros": 0, "Ones": 1}
+_DEFAULT_PARAMS = {"mean": 0.0, "stddev": 0.05, "minval": -0.05, "maxval": 0.05}
+
+
+class RowInitializer:
+    """The initial rows of missing keys.
+
+    Attributes:
+      default_row: `[dim]` tensor the shard tables return for missing keys: the
+        constant row, or zeros when rows are drawn per key.
+      per_key: whether `rows(keys)` must be called for missing keys.
+    """
+
+    def __init__(self, default_row: tf.Tensor, per_key: bool):
+        self.default_row = default_row
+        self.per_key = per_key
+
+    def rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """`[n, dim]` initial rows for the 1-D `keys` (here: the constant row each)."""
+        return tf.tile(self.default_row[tf.newaxis, :], [tf.size(keys), 1])
+
+
+class _KeyedRandomRows(RowInitializer):
+    def __init__(self, default_row, dim, value_dtype, distribution, a, b, seed):
+        super().__init__(default_row, per_key=True)
+        self._dim = dim
+        self._value_dtype = value_dtype
+        self.distribution = distribution
+        self.params = (float(a), float(b))
+        self.seed = int(seed)
+
+    def rows(self, keys: tf.Tensor) -> tf.Tensor:
+        draw_dtype = tf.float64 if self._value_dtype == tf.float64 else tf.float32
+        rows = _ops.ops.dynemb_keyed_random(
+            keys,
+            dim=self._dim,
+            seed=self.seed,
+            distribution=self.distribution,
+            a=self.params[0],
+            b=self.params[1],
+            dtype=draw_dtype,
+        )
+        return tf.cast(rows, self._value_dtype)
+
+
+class _CallableRows(RowInitializer):
+    def __init__(self, default_row, dim, value_dtype, fn):
+        super().__init__(default_row, per_key=True)
+        self._dim = dim
+        self._value_dtype = value_dtype
+        self._fn = fn
+
+    def rows(self, keys: tf.Tensor) -> tf.Tensor:
+        shape = tf.stack([tf.size(keys), self._dim])
+        rows = self._fn(shape=shape, dtype=self._value_dtype)
+        return tf.cast(tf.reshape(rows, shape), self._value_dtype)
+
+
+def _config(initializer: Any) -> Optional[dict]:
+    get_config = getattr(initializer, "get_config", None)
+    if not callable(get_config):
+        return None
+    try:
+        return dict(get_config())
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+
+
+def _constant_row(value: Any, dim: int, value_dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
+    """A scalar (broadcast) or `[dim]` value as the `[dim]` default row."""
+    if isinstance(value, (list, tuple, np.ndarray)) or tf.is_tensor(value):
+        row = convert(value, value_dtype, arg) if tf.is_tensor(value) else tf.constant(
+            np.asarray(value), dtype=value_dtype
+        )
+    else:
+        row = convert(value, value_dtype, arg)
+    if row.shape.rank == 0:
+        return tf.fill([dim], row)
+    if row.shape.rank == 1 and row.shape[0] == dim:
+        return row
+    raise ValueError(
+        f"`{arg}` must be a scalar or have shape [dim] = [{dim}] (one value per column), "
+        f"got shape {row.shape}."
+    )
+
+
+def _seed(config_seed: Any) -> int:
+    """The keyed-random seed: the initializer's, else one from TF's global seed, else a
+    fresh random one (drawn once per variable)."""
+    if isinstance(config_seed, (int, np.integer)) and not isinstance(config_seed, bool):
+        return int(config_seed)
+    global_seed, op_seed = tf.compat.v1.get_seed(None)
+    if global_seed is not None:
+        return (int(global_seed) * 1_000_003 + int(op_seed or 0)) % (1 << 63)
+    return random.SystemRandom().getrandbits(63)
+
+
+def make_row_initializer(
+    initializer: Any, dim: int, value_dtype: tf.dtypes.DType, arg: str = "initializer"
+) -> RowInitializer:
+    """Resolves a `de.Variable` `initializer` argument (see the module docstring).
+
+    Raises:
+      TypeError: a value of another dtype, or an object that is neither a value nor a
+        callable initializer.
+      ValueError: a value that is neither a scalar nor `[dim]`.
+    """
+    if initializer is None:
+        initializer = 0
+    name = type(initializer).__name__
+    config = _config(initializer) if callable(initializer) else None
+
+    if config is not None and name in _CONSTANT_INITIALIZERS:
+        row = _constant_row(_CONSTANT_INITIALIZERS[name], dim, value_dtype, arg)
+        return RowInitializer(row, per_key=False)
+    if config is not None and name == "Constant" and "value" in config:
+        return RowInitializer(_constant_row(config["value"], dim, value_dtype, arg), per_key=False)
+    zeros = tf.zeros([dim], value_dtype)
+    if config is not None and name in _KEYED_DISTRIBUTIONS:
+        distribution, a_field, b_field = _KEYED_DISTRIBUTIONS[name]
+        a = config.get(a_field, _DEFAULT_PARAMS[a_field])
+        b = config.get(b_field, _DEFAULT_PARAMS[b_field])
+        seed = _seed(config.get("seed"))
+        return _KeyedRandomRows(zeros, dim, value_dtype, distribution, a, b, seed)
+    if callable(initializer):
+        return _CallableRows(zeros, dim, value_dtype, initializer)
+    return RowInitializer(_constant_row(initializer, dim, value_dtype, arg), per_key=False)

@@ -1,0 +1,802 @@
+"""`de.Variable`: a dynamic embedding sharded over devices, one hash table per device.
+
+A key's shard is `partitioner(keys, num_shards)` (`default_partition_fn`: a stable hash,
+the same on every machine and TF build). Every method routes keys with
+`tf.dynamic_partition`, calls the shard tables, and puts results back in key order
+with `tf.dynamic_stitch`; a batch keeps its order within each shard, so duplicate keys
+behave as in one table.
+
+Checkpoints hold the variable's content, not its shards: `_serialize_to_tensors`
+concatenates every shard and `_restore_from_tensors` routes the keys with the restoring
+variable's own partitioner. So a checkpoint restores into any number of shards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_dynemb import _ops
+from tensorflow_dynemb._convert import (
+    KEY_DTYPES,
+    VALUE_DTYPES,
+    DTypeLike,
+    TensorLike,
+    as_dtype,
+    check_int,
+    convert,
+)
+from tensorflow_dynemb.checkpoint import (
+    CKPT_KEYS,
+    CKPT_SCORES,
+    CKPT_VALUES,
+    in_tf1_graph,
+    register_for_tf1_saver,
+)
+from tensorflow_dynemb.initializers import make_row_initializer
+from tensorflow_dynemb.tables import HashTable, HkvHashTable, HkvHashTableConfig
+
+__all__ = [
+    "Variable",
+    "get_variable",
+    "default_partition_fn",
+    "HashTableCreator",
+    "CuckooHashTableCreator",
+    "HkvHashTableCreator",
+]
+
+Partitioner = Callable[[tf.Tensor, int], tf.Tensor]
+
+
+def default_partition_fn(keys: TensorLike, shard_num: int) -> tf.Tensor:
+    """The shard of each key: a stable hash, the same on every machine and TF build.
+
+    int32 keys route like the int64 keys of the same value; string keys hash their
+    bytes. The hash is independent of the one the tables use internally, so each
+    shard's table fills evenly.
+
+    Args:
+      keys: int32, int64 or string keys of any shape.
+      shard_num: the number of shards (>= 1).
+
+    Returns:
+      int32 shard ids in `[0, shard_num)`, of `keys.shape`.
+
+    Example:
+
+    >>> import tensorflow_dynemb as de
+    >>> de.default_partition_fn(tf.constant([1, 2, 3], tf.int64), 2).shape
+    TensorShape([3])
+    """
+    if not tf.is_tensor(keys):
+        keys = tf.convert_to_tensor(keys)
+    if keys.dtype not in KEY_DTYPES:
+        raise TypeError(
+            f"`keys` must be one of {[d.name for d in KEY_DTYPES]}, got {keys.dtype.name}."
+        )
+    return _ops.ops.dynemb_partition(keys, tf.cast(shard_num, tf.int32))
+
+
+# ---------------------------------------------------------------------------------------
+# Table creators (`kv_creator`)
+# ---------------------------------------------------------------------------------------
+
+
+class HashTableCreator:
+    """Creates the shards of a `de.Variable` as unbounded `de.HashTable`s (the default).
+
+    `CuckooHashTableCreator` is an alias, for code written against TFRA.
+    """
+
+    def create(
+        self,
+        key_dtype: tf.dtypes.DType,
+        value_dtype: tf.dtypes.DType,
+        default_value: tf.Tensor,
+        name: str,
+        init_size: int,
+        device: str,
+        shared_name: Optional[str],
+    ) -> HashTable:
+        """One shard table."""
+        return HashTable(
+            key_dtype,
+            value_dtype,
+            default_value,
+            name=name,
+            checkpoint=False,  # the variable checkpoints its content, whatever the sharding
+            init_size=init_size,
+            device=device,
+            shared_name=shared_name,
+        )
+
+
+CuckooHashTableCreator = HashTableCreator
+
+
+class HkvHashTableCreator(HashTableCreator):
+    """Creates the shards of a `de.Variable` as bounded `de.HkvHashTable`s.
+
+    Each shard gets `config` (its capacities are per shard).
+
+    Args:
+      config: a `de.HkvHashTableConfig` (default: `HkvHashTableConfig()`).
+    """
+
+    def __init__(self, config: Optional[HkvHashTableConfig] = None):
+        if config is not None and not isinstance(config, HkvHashTableConfig):
+            raise TypeError(f"`config` must be a de.HkvHashTableConfig or None, got {config!r}.")
+        self.config = config or HkvHashTableConfig()
+
+    def create(self, key_dtype, value_dtype, default_value, name, init_size, device, shared_name):
+        del init_size  # the config's init_capacity sizes the table
+        return HkvHashTable(
+            key_dtype,
+            value_dtype,
+            default_value,
+            name=name,
+            checkpoint=False,
+            config=self.config,
+            device=device,
+            shared_name=shared_name,
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Variable
+# ---------------------------------------------------------------------------------------
+
+
+def _module_name(name: str) -> str:
+    """`name` as a valid Python identifier (what `tf.Module` and op names accept)."""
+    cleaned = re.sub(r"\W", "_", name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else f"v_{cleaned}"
+
+
+def _check_devices(devices: Any) -> List[str]:
+    if devices is None:
+        return ["/CPU:0"]
+    if isinstance(devices, (str, tf.DeviceSpec)):
+        devices = [devices]
+    if not isinstance(devices, (list, tuple)) or not devices:
+        raise ValueError(f"`devices` must be a non-empty list of device names, got {devices!r}.")
+    out = []
+    for device in devices:
+        if isinstance(device, tf.DeviceSpec):
+            device = device.to_string()
+        if not isinstance(device, str):
+            raise TypeError(f"`devices` must hold device name strings, got {device!r}.")
+        out.append(device)
+    return out
+
+
+class Variable(tf.Module):
+    """A dynamic embedding: keys of any value map to `[dim]` rows, sharded over devices.
+
+    Missing keys read `initializer` rows and are not stored. One table (made by
+    `kv_creator`) lives on each device of `devices`; `partitioner` routes each key.
+    Works in eager mode, inside `tf.function` and in TF1 graph mode; saved by
+    `tf.train.Checkpoint` and `tf.compat.v1.train.Saver` as one content, so a
+    checkpoint restores into a variable with any number of shards.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> import tensorflow_dynemb as de
+    >>> v = de.Variable(tf.int64, tf.float32, dim=2, devices=["/CPU:0", "/CPU:0"],
+    ...                 initializer=-1.0)
+    >>> v.upsert([7, 8], [[1.0, 2.0], [3.0, 4.0]])
+    >>> v.lookup([8, 9]).numpy()
+    array([[ 3.,  4.],
+           [-1., -1.]], dtype=float32)
+    >>> int(v.size())
+    2
+    """
+
+    def __init__(
+        self,
+        key_dtype: DTypeLike = tf.int64,
+        value_dtype: DTypeLike = tf.float32,
+        dim: int = 1,
+        devices: Optional[Sequence[str]] = None,
+        partitioner: Partitioner = default_partition_fn,
+        shared_name: Optional[str] = None,
+        name: str = "DynamicEmbedding_Variable",
+        initializer: Any = None,
+        trainable: bool = True,
+        checkpoint: bool = True,
+        init_size: int = 0,
+        kv_creator: Optional[HashTableCreator] = None,
+        restrict_policy: Optional[Callable[["Variable"], Any]] = None,
+        bp_v2: bool = False,
+    ):
+        """Creates an empty variable.
+
+        Args:
+          key_dtype: `tf.int64` (default), `tf.int32` or `tf.string`.
+          value_dtype: the value dtype (default `tf.float32`).
+          dim: elements per row (>= 1).
+          devices: one shard per device (default `["/CPU:0"]`); remote devices such as
+            `/job:ps/task:1/CPU:0` work too.
+          partitioner: `fn(keys, num_shards) -> int32 shard ids`; default
+            `de.default_partition_fn`.
+          shared_name: share the shard tables by name with other variables of this
+            `shared_name` in the process (default: not shared).
+          name: the variable's name.
+          initializer: what missing keys read: a number, a list / ndarray / Tensor of
+            shape `[dim]`, or a TF / Keras initializer (see `tensorflow_dynemb.initializers`:
+            random initializers draw one row per key from `(seed, key)`). Default 0.
+          trainable: whether optimizers train it.
+          checkpoint: whether checkpoints save and restore its content.
+          init_size: keys to reserve room for, split evenly over the shards.
+          kv_creator: `de.HashTableCreator()` (default) or `de.HkvHashTableCreator(config)`.
+          restrict_policy: a policy class, instantiated as `restrict_policy(self)`.
+          bp_v2: whether optimizers write back by adding deltas (`accum`) instead of
+            overwriting rows.
+
+        Raises:
+          TypeError: an unsupported dtype, a non-integer `dim` / `init_size`, or an
+            initializer of another dtype.
+          ValueError: `dim` < 1, empty `devices`, or an initializer that is neither a
+            scalar nor `[dim]`.
+        """
+        self._key_dtype = as_dtype(key_dtype, "key_dtype", KEY_DTYPES)
+        self._value_dtype = as_dtype(value_dtype, "value_dtype", VALUE_DTYPES)
+        self._dim = check_int(dim, "dim", 1)
+        self._devices = _check_devices(devices)
+        if not callable(partitioner):
+            raise TypeError(f"`partitioner` must be callable, got {partitioner!r}.")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
+        init_size = check_int(init_size, "init_size", 0)
+        kv_creator = kv_creator if kv_creator is not None else HashTableCreator()
+        if not hasattr(kv_creator, "create"):
+            raise TypeError(
+                f"`kv_creator` must be a de.HashTableCreator or de.HkvHashTableCreator, "
+                f"got {kv_creator!r}."
+            )
+        super().__init__(name=_module_name(name))
+        self._var_name = name
+        self._partition_fn = partitioner
+        self._trainable = bool(trainable)
+        self._checkpoint = bool(checkpoint)
+        self._bp_v2 = bool(bp_v2)
+        self._kv_creator = kv_creator
+        self._initializer = make_row_initializer(initializer, self._dim, self._value_dtype)
+        # Graph-unique in TF1 graphs (the Saver names the variable's content by it);
+        # also the prefix of the shard tables' op names.
+        self._unique_name = (
+            tf.compat.v1.get_default_graph().unique_name(_module_name(name), mark_as_used=True)
+            if in_tf1_graph()
+            else _module_name(name)
+        )
+
+        num_shards = len(self._devices)
+        tables = []
+        for i, device in enumerate(self._devices):
+            suffix = f"_mht_{i + 1}of{num_shards}"
+            with tf.device(device):
+                tables.append(
+                    kv_creator.create(
+                        self._key_dtype,
+                        self._value_dtype,
+                        self._initializer.default_row,
+                        name=self._unique_name + suffix,
+                        init_size=init_size // num_shards,
+                        device=device,
+                        shared_name=shared_name + suffix if shared_name else None,
+                    )
+                )
+        self._tables = tables
+        self._restrict_policy = restrict_policy(self) if restrict_policy is not None else None
+
+        if self._checkpoint and in_tf1_graph():
+            register_for_tf1_saver(self, self._unique_name)
+
+    # -- properties ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The variable's name, as given."""
+        return getattr(self, "_var_name", None) or super().name
+
+    @property
+    def key_dtype(self) -> tf.dtypes.DType:
+        return self._key_dtype
+
+    @property
+    def value_dtype(self) -> tf.dtypes.DType:
+        return self._value_dtype
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def devices(self) -> List[str]:
+        return list(self._devices)
+
+    @property
+    def tables(self) -> List[Any]:
+        """The shard tables, one per device."""
+        return list(self._tables)
+
+    @property
+    def shard_num(self) -> int:
+        return len(self._tables)
+
+    @property
+    def partition_fn(self) -> Partitioner:
+        return self._partition_fn
+
+    @property
+    def initializer(self):
+        """The resolved initializer (`tensorflow_dynemb.initializers.RowInitializer`)."""
+        return self._initializer
+
+    @property
+    def trainable(self) -> bool:
+        return self._trainable
+
+    @property
+    def bp_v2(self) -> bool:
+        return self._bp_v2
+
+    @property
+    def kv_creator(self) -> HashTableCreator:
+        return self._kv_creator
+
+    @property
+    def restrict_policy(self):
+        return self._restrict_policy
+
+    # -- routing -------------------------------------------------------------------------
+
+    def _flat_keys(self, keys: TensorLike) -> tf.Tensor:
+        return tf.reshape(convert(keys, self._key_dtype, "keys"), [-1])
+
+    def _flat_rows(self, keys: tf.Tensor, values: TensorLike, arg: str) -> tf.Tensor:
+        """`values` converted and checked to be `keys.shape + [dim]`, as `[n, dim]`."""
+        values = convert(values, self._value_dtype, arg)
+        expected = keys.shape.concatenate([self._dim])
+        message = f"Expected shape {expected} (keys.shape + [dim]) for `{arg}`, got {values.shape}"
+        if not values.shape.is_compatible_with(expected):
+            if tf.executing_eagerly():
+                raise tf.errors.InvalidArgumentError(None, None, message)
+            raise ValueError(message)
+        if not values.shape.is_fully_defined() or not keys.shape.is_fully_defined():
+            want = tf.concat([tf.shape(keys), [self._dim]], 0)
+            check = tf.debugging.assert_equal(tf.shape(values), want, message=message)
+            with tf.control_dependencies([check]):
+                values = tf.identity(values)
+        return tf.reshape(values, [-1, self._dim])
+
+    def _shard_ids(self, flat_keys: tf.Tensor) -> tf.Tensor:
+        ids = self._partition_fn(flat_keys, self.shard_num)
+        ids = tf.convert_to_tensor(ids)
+        if not ids.dtype.is_integer:
+            raise TypeError(
+                f"`partitioner` must return integer shard ids, got dtype {ids.dtype.name}."
+            )
+        return tf.cast(ids, tf.int32) if ids.dtype != tf.int32 else ids
+
+    def _route(self, flat_keys: tf.Tensor, *tensors: tf.Tensor):
+        """Per shard: `(keys, *tensors)` of the keys routed there, in batch order, and
+        the positions of those keys in the batch (for `dynamic_stitch`).
+
+        A shard id outside `[0, num_shards)` fails in `tf.dynamic_partition` with an
+        InvalidArgumentError before any table is touched.
+        """
+        n = self.shard_num
+        if n == 1:
+            return [(flat_keys, *tensors)], None
+        ids = self._shard_ids(flat_keys)
+        parts = [tf.dynamic_partition(t, ids, n) for t in (flat_keys, *tensors)]
+        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), ids, n)
+        return [tuple(p[i] for p in parts) for i in range(n)], positions
+
+    @staticmethod
+    def _group(ops: List[Any]):
+        return None if tf.executing_eagerly() else tf.group(*[op for op in ops if op is not None])
+
+    # -- methods -------------------------------------------------------------------------
+
+    def lookup(self, keys: TensorLike, return_exists: bool = False, name: Optional[str] = None):
+        """Rows of `keys`; missing keys read the initializer (and are not stored).
+
+        Args:
+          keys: keys of any shape, of `key_dtype`.
+          return_exists: also return a bool tensor of `keys.shape`.
+          name: a name for the operation.
+
+        Returns:
+          `values` of shape `keys.shape + [dim]`, or `(values, exists)`.
+
+        Raises:
+          TypeError: `keys` of another dtype.
+          tf.errors.InvalidArgumentError: the partitioner returned an id out of range.
+        """
+        with tf.name_scope(name or f"{self.name}_lookup"):
+            keys = convert(keys, self._key_dtype, "keys")
+            flat = tf.reshape(keys, [-1])
+            shards, positions = self._route(flat)
+            found = []
+            for table, (shard_keys,) in zip(self._tables, shards):
+                found.append(table.lookup(shard_keys, return_exists=True))
+            if positions is None:
+                values, exists = found[0]
+            else:
+                values = tf.dynamic_stitch(positions, [v for v, _ in found])
+                exists = tf.dynamic_stitch(positions, [e for _, e in found])
+            if self._initializer.per_key:
+                missing = tf.where(tf.logical_not(exists))
+                rows = self._initializer.rows(tf.gather_nd(flat, missing))
+                values = tf.tensor_scatter_nd_update(values, missing, rows)
+            out_shape = tf.concat([tf.shape(keys), [self._dim]], 0)
+            values = tf.reshape(values, out_shape)
+            values.set_shape(keys.shape.concatenate([self._dim]))
+            if not return_exists:
+                return values
+            exists = tf.reshape(exists, tf.shape(keys))
+            exists.set_shape(keys.shape)
+            return values, exists
+
+    def upsert(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
+        """Inserts or overwrites `keys` with `values` (`keys.shape + [dim]`).
+
+        Returns:
+          The operation (None when executing eagerly).
+
+        Raises:
+          TypeError: `keys` or `values` of another dtype.
+          tf.errors.InvalidArgumentError / ValueError: `values` of the wrong shape
+            ("Expected shape"), or a partitioner id out of range.
+        """
+        with tf.name_scope(name or f"{self.name}_upsert"):
+            keys = convert(keys, self._key_dtype, "keys")
+            rows = self._flat_rows(keys, values, "values")
+            shards, _ = self._route(tf.reshape(keys, [-1]), rows)
+            return self._group(
+                [table.insert(k, v) for table, (k, v) in zip(self._tables, shards)]
+            )
+
+    def accum(
+        self,
+        keys: TensorLike,
+        old_values: TensorLike,
+        new_values: TensorLike,
+        exists: TensorLike,
+        name: Optional[str] = None,
+    ):
+        """Adds `new_values - old_values` to keys that `exists`, inserts `new_values`
+        for keys that do not (see the table's `accum` for races).
+
+        Returns:
+          The operation (None when executing eagerly).
+
+        Raises:
+          TypeError: an argument of another dtype.
+          tf.errors.InvalidArgumentError / ValueError: a shape mismatch ("Expected shape").
+        """
+        with tf.name_scope(name or f"{self.name}_accum"):
+            keys = convert(keys, self._key_dtype, "keys")
+            old = self._flat_rows(keys, old_values, "old_values")
+            new = self._flat_rows(keys, new_values, "new_values")
+            exists = convert(exists, tf.bool, "exists")
+            if not exists.shape.is_compatible_with(keys.shape):
+                raise ValueError(
+                    f"Expected shape {keys.shape} (keys.shape) for `exists`, got {exists.shape}"
+                )
+            flat_exists = tf.reshape(exists, [-1])
+            if self._value_dtype == tf.bool:
+                deltas = new  # bool "+=" is a logical or
+            else:
+                deltas = tf.where(flat_exists[:, tf.newaxis], new - old, new)
+            shards, _ = self._route(tf.reshape(keys, [-1]), deltas, flat_exists)
+            return self._group(
+                [table.accum(k, d, e) for table, (k, d, e) in zip(self._tables, shards)]
+            )
+
+    def remove(self, keys: TensorLike, name: Optional[str] = None):
+        """Removes `keys` (any shape); absent keys are ignored.
+
+        Returns:
+          The operation (None when executing eagerly).
+        """
+        with tf.name_scope(name or f"{self.name}_remove"):
+            shards, _ = self._route(self._flat_keys(keys))
+            return self._group([table.remove(k) for table, (k,) in zip(self._tables, shards)])
+
+    def clear(self, name: Optional[str] = None):
+        """Removes every key from every shard.
+
+        Returns:
+          The operation (None when executing eagerly).
+        """
+        with tf.name_scope(name or f"{self.name}_clear"):
+            return self._group([table.clear() for table in self._tables])
+
+    def size(self, index: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
+        """The number of keys in shard `index`, or in the whole variable.
+
+        Returns:
+          An int64 scalar tensor.
+
+        Raises:
+          ValueError: `index` out of `[0, num_shards)`.
+        """
+        with tf.name_scope(name or f"{self.name}_size"):
+            if index is not None:
+                index = check_int(index, "index", 0)
+                if index >= self.shard_num:
+                    raise ValueError(
+                        f"`index` must be in [0, {self.shard_num}) (the number of shards), "
+                        f"got {index}."
+                    )
+                return self._tables[index].size()
+            return tf.add_n([table.size() for table in self._tables])
+
+    def export_with_scores(self, name: Optional[str] = None):
+        """Every entry of every shard, with its score.
+
+        Returns:
+          `(keys [n], values [n, dim], scores int64 [n])`, order unspecified.
+        """
+        with tf.name_scope(name or f"{self.name}_export"):
+            parts = [table.export_with_scores() for table in self._tables]
+            if len(parts) == 1:
+                return tuple(parts[0])
+            return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
+
+    def export(self, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+        """Every entry of every shard.
+
+        Returns:
+          `(keys [n], values [n, dim])`, order unspecified.
+        """
+        keys, values, _ = self.export_with_scores(name=name)
+        return keys, values
+
+    def restrict(self, num_reserved: int, **kwargs):
+        """Shrinks the variable to `num_reserved` keys as its `restrict_policy` ranks them.
+
+        Args:
+          num_reserved: keys to keep.
+          **kwargs: passed to the policy's `apply_restriction`.
+
+        Returns:
+          The restrict operation, or None when the variable has no policy.
+        """
+        if self._restrict_policy is None:
+            return None
+        return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
+
+    # -- streaming to files --------------------------------------------------------------
+
+    def _file_prefix(self, file_name: Optional[str]) -> str:
+        return file_name or self.name.replace("/", "_")
+
+    def save_to_file_system(
+        self,
+        dirpath: Union[str, os.PathLike, tf.Tensor],
+        file_name: Optional[str] = None,
+        chunk_rows: int = 65536,
+        name: Optional[str] = None,
+    ):
+        """Streams every shard to `dirpath/<file_name>-<i>-of-<n>.dynemb`.
+
+        No shard is copied whole in memory. Files of an earlier save of this variable
+        with another number of shards are removed first (when `dirpath` is a Python
+        path), so that a later load reads one consistent set.
+
+        Args:
+          dirpath: the directory (created if needed).
+          file_name: the file prefix; default the variable's name.
+          chunk_rows: entries per chunk.
+          name: a name for the operation.
+
+        Returns:
+          The save operation (None when executing eagerly).
+        """
+        prefix = self._file_prefix(file_name)
+        n = self.shard_num
+        if not tf.is_tensor(dirpath):
+            directory = os.fsdecode(dirpath)
+            tf.io.gfile.makedirs(directory)
+            for stale in _shard_files(directory, prefix):
+                if not stale.endswith(f"-of-{n:05d}.dynemb"):
+                    tf.io.gfile.remove(stale)
+        with tf.name_scope(name or f"{self.name}_save_to_file"):
+            return self._group(
+                [
+                    table.save_to_file_system(
+                        dirpath, f"{prefix}-{i:05d}-of-{n:05d}.dynemb", chunk_rows
+                    )
+                    for i, table in enumerate(self._tables)
+                ]
+            )
+
+    def load_from_file_system(
+        self,
+        dirpath: Union[str, os.PathLike, tf.Tensor],
+        file_name: Optional[str] = None,
+        chunk_rows: int = 65536,
+        clear: bool = True,
+        name: Optional[str] = None,
+    ):
+        """Streams files written by `save_to_file_system` into the variable.
+
+        The files may come from a variable with another number of shards: each shard
+        then reads every file and keeps the keys `default_partition_fn` routes to it
+        (which needs this variable to use `default_partition_fn`). With as many files
+        as shards, file `i` loads into shard `i` directly.
+
+        Args:
+          dirpath: the directory.
+          file_name: the file prefix; default the variable's name.
+          chunk_rows: entries per chunk.
+          clear: replace the content (default); if False, upsert into it.
+          name: a name for the operation.
+
+        Returns:
+          The load operation (None when executing eagerly).
+
+        Raises:
+          ValueError: no files, or a resharding load with a custom partitioner.
+        """
+        prefix = self._file_prefix(file_name)
+        n = self.shard_num
+        with tf.name_scope(name or f"{self.name}_load_from_file"):
+            if tf.is_tensor(dirpath):
+                pattern = tf.strings.join([dirpath, f"{prefix}-*-of-*.dynemb"], separator="/")
+                paths, saved_shards = tf.io.matching_files(pattern), None
+            else:
+                paths = sorted(_shard_files(os.fsdecode(dirpath), prefix))
+                if not paths:
+                    raise ValueError(
+                        f"no files `{prefix}-*-of-*.dynemb` in `dirpath` {os.fsdecode(dirpath)!r}."
+                    )
+                saved_shards = len(paths)
+            if saved_shards == n:
+                ops = [
+                    table._load_files(paths[i], chunk_rows, clear)
+                    for i, table in enumerate(self._tables)
+                ]
+            else:
+                if self._partition_fn is not default_partition_fn:
+                    raise ValueError(
+                        f"Loading files of {saved_shards or 'an unknown number of'} shards into "
+                        f"{n} shards routes keys with de.default_partition_fn, but this "
+                        f"variable uses {self._partition_fn!r}; save and load with the same "
+                        "number of shards, or restore through tf.train.Checkpoint."
+                    )
+                ops = [
+                    table._load_files(paths, chunk_rows, clear, num_shards=n, shard_index=i)
+                    for i, table in enumerate(self._tables)
+                ]
+            return self._group(ops)
+
+    # -- checkpointing (public Trackable hooks) --------------------------------------------
+
+    def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
+        if not self._checkpoint:
+            return {}
+        with tf.device("/CPU:0"):
+            keys, values, scores = self.export_with_scores(name=f"{self.name}_checkpoint_export")
+        return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
+
+    def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
+        if not restored_tensors:
+            return None
+        keys = restored_tensors[CKPT_KEYS]
+        values = restored_tensors[CKPT_VALUES]
+        scores = restored_tensors[CKPT_SCORES]
+        message = (
+            f"The checkpoint of de.Variable {self.name!r} holds rows of another dim than "
+            f"the variable's dim {self._dim}"
+        )
+        if values.shape.rank is not None and values.shape[-1] is not None:
+            if values.shape[-1] != self._dim:
+                raise ValueError(f"{message}: checkpoint dim {values.shape[-1]}.")
+        else:
+            check = tf.debugging.assert_equal(tf.shape(values)[-1], self._dim, message=message)
+            with tf.control_dependencies([check]):
+                values = tf.identity(values)
+        shards, _ = self._route(keys, values, scores)
+        return self._group(
+            [
+                table.import_(k, v, s, name=f"{self.name}_checkpoint_restore")
+                for table, (k, v, s) in zip(self._tables, shards)
+            ]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<de.Variable name={self.name!r} key_dtype={self._key_dtype.name} "
+            f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>"
+        )
+
+
+def _shard_files(directory: str, prefix: str) -> List[str]:
+    """The files `save_to_file_system` wrote for `prefix` in `directory`."""
+    pattern = tf.io.gfile.join(directory, f"{prefix}-*-of-*.dynemb")
+    return [p for p in tf.io.gfile.glob(pattern) if re.search(r"-\d{5}-of-\d{5}\.dynemb$", p)]
+
+
+# ---------------------------------------------------------------------------------------
+# get_variable
+# ---------------------------------------------------------------------------------------
+
+# Variables made by `get_variable`, per graph (eager mode uses TF's global graph).
+_REGISTRY: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, Variable]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def get_variable(
+    name: str,
+    key_dtype: DTypeLike = tf.int64,
+    value_dtype: DTypeLike = tf.float32,
+    dim: int = 1,
+    devices: Optional[Sequence[str]] = None,
+    partitioner: Partitioner = default_partition_fn,
+    shared_name: Optional[str] = None,
+    initializer: Any = None,
+    trainable: bool = True,
+    checkpoint: bool = True,
+    init_size: int = 0,
+    kv_creator: Optional[HashTableCreator] = None,
+    restrict_policy: Optional[Callable[[Variable], Any]] = None,
+    bp_v2: bool = False,
+) -> Variable:
+    """Gets the `de.Variable` called `name` in the current variable scope, or creates it.
+
+    Follows `tf.compat.v1.get_variable`'s reuse rules: in a scope with `reuse=True` the
+    variable must exist; with `reuse=tf.compat.v1.AUTO_REUSE` (always the case when
+    executing eagerly) an existing one is returned; otherwise creating a name twice is
+    an error. The other arguments are `de.Variable`'s.
+
+    Raises:
+      ValueError: the variable exists and reuse is not allowed, or it does not exist
+        and the scope requires reuse.
+    """
+    scope = tf.compat.v1.get_variable_scope()
+    full_name = f"{scope.name}/{name}" if scope.name else name
+    graph = tf.compat.v1.get_default_graph()
+    variables = _REGISTRY.setdefault(graph, {})
+    existing = variables.get(full_name)
+    reuse = scope.reuse
+    if existing is not None:
+        if reuse is True or reuse == tf.compat.v1.AUTO_REUSE:
+            return existing
+        raise ValueError(
+            f"de.Variable {full_name!r} already exists; use reuse=True or "
+            "reuse=tf.compat.v1.AUTO_REUSE in the variable scope to get it again."
+        )
+    if reuse is True:
+        raise ValueError(
+            f"de.Variable {full_name!r} does not exist, and the variable scope has reuse=True."
+        )
+    variable = Variable(
+        key_dtype=key_dtype,
+        value_dtype=value_dtype,
+        dim=dim,
+        devices=devices,
+        partitioner=partitioner,
+        shared_name=shared_name,
+        name=full_name,
+        initializer=initializer,
+        trainable=trainable,
+        checkpoint=checkpoint,
+        init_size=init_size,
+        kv_creator=kv_creator,
+        restrict_policy=restrict_policy,
+        bp_v2=bp_v2,
+    )
+    variables[full_name] = variable
+    return variable
