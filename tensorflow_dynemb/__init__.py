@@ -15,14 +15,13 @@ from tensorflow_dynemb.tables import (
     HkvHashTable,
     HkvHashTableConfig,
 )
-from tensorflow_dynemb.variable import (
+from tensorflow_dynemb.sharding import (
     CuckooHashTableCreator,
     HashTableCreator,
     HkvHashTableCreator,
-    Variable,
     default_partition_fn,
-    get_variable,
 )
+from tensorflow_dynemb.variable import Variable, get_variable
 
 __version__ = "0.1.0"
 

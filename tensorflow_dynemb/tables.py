@@ -390,10 +390,9 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         if tf.is_tensor(dirpath):
             if not hasattr(dirpath, "numpy"):
                 # A symbolic directory: the file is joined in the graph.
-                return tf.strings.join([dirpath, file_name], separator="/"), None
+                return tf.strings.join([dirpath, file_name], separator="/")
             dirpath = dirpath.numpy()
-        dirpath = os.fsdecode(dirpath)
-        return tf.io.gfile.join(dirpath, file_name), dirpath
+        return tf.io.gfile.join(os.fsdecode(dirpath), file_name)
 
     def save_to_file_system(
         self,
@@ -404,8 +403,8 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
     ):
         """Streams the table to `dirpath/file_name` in chunks of `chunk_rows` entries.
 
-        The table is never copied whole: memory stays O(chunk_rows). The directory is
-        created if needed (any `tf.io.gfile` file system works).
+        The table is never copied whole: memory stays O(chunk_rows). The op creates
+        the directory if needed (any `tf.io.gfile` file system works).
 
         Args:
           dirpath: the directory.
@@ -417,9 +416,7 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
           The save operation (None when executing eagerly).
         """
         chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
-        path, directory = self._file_path(dirpath, file_name)
-        if directory is not None:
-            tf.io.gfile.makedirs(directory)
+        path = self._file_path(dirpath, file_name)
         with tf.name_scope(name or f"{self._name}_save_to_file"), self._placement():
             return _gen_ops().dynemb_table_save_to_file(
                 self.resource_handle, path, chunk_rows=chunk_rows
@@ -446,7 +443,7 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         Returns:
           The load operation (None when executing eagerly).
         """
-        path, _ = self._file_path(dirpath, file_name)
+        path = self._file_path(dirpath, file_name)
         return self._load_files(path, chunk_rows, clear, name=name)
 
     def _load_files(

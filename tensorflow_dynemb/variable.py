@@ -18,10 +18,8 @@ import re
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import tensorflow as tf
 
-from tensorflow_dynemb import _ops
 from tensorflow_dynemb._convert import (
     KEY_DTYPES,
     VALUE_DTYPES,
@@ -38,114 +36,15 @@ from tensorflow_dynemb.checkpoint import (
     in_tf1_graph,
     register_for_tf1_saver,
 )
+from tensorflow_dynemb import variable_files
 from tensorflow_dynemb.initializers import make_row_initializer
-from tensorflow_dynemb.tables import HashTable, HkvHashTable, HkvHashTableConfig
+from tensorflow_dynemb.sharding import (
+    HashTableCreator,
+    Partitioner,
+    default_partition_fn,
+)
 
-__all__ = [
-    "Variable",
-    "get_variable",
-    "default_partition_fn",
-    "HashTableCreator",
-    "CuckooHashTableCreator",
-    "HkvHashTableCreator",
-]
-
-Partitioner = Callable[[tf.Tensor, int], tf.Tensor]
-
-
-def default_partition_fn(keys: TensorLike, shard_num: int) -> tf.Tensor:
-    """The shard of each key: a stable hash, the same on every machine and TF build.
-
-    int32 keys route like the int64 keys of the same value; string keys hash their
-    bytes. The hash is independent of the one the tables use internally, so each
-    shard's table fills evenly.
-
-    Args:
-      keys: int32, int64 or string keys of any shape.
-      shard_num: the number of shards (>= 1).
-
-    Returns:
-      int32 shard ids in `[0, shard_num)`, of `keys.shape`.
-
-    Example:
-
-    >>> import tensorflow_dynemb as de
-    >>> de.default_partition_fn(tf.constant([1, 2, 3], tf.int64), 2).shape
-    TensorShape([3])
-    """
-    if not tf.is_tensor(keys):
-        keys = tf.convert_to_tensor(keys)
-    if keys.dtype not in KEY_DTYPES:
-        raise TypeError(
-            f"`keys` must be one of {[d.name for d in KEY_DTYPES]}, got {keys.dtype.name}."
-        )
-    return _ops.ops.dynemb_partition(keys, tf.cast(shard_num, tf.int32))
-
-
-# ---------------------------------------------------------------------------------------
-# Table creators (`kv_creator`)
-# ---------------------------------------------------------------------------------------
-
-
-class HashTableCreator:
-    """Creates the shards of a `de.Variable` as unbounded `de.HashTable`s (the default).
-
-    `CuckooHashTableCreator` is an alias, for code written against TFRA.
-    """
-
-    def create(
-        self,
-        key_dtype: tf.dtypes.DType,
-        value_dtype: tf.dtypes.DType,
-        default_value: tf.Tensor,
-        name: str,
-        init_size: int,
-        device: str,
-        shared_name: Optional[str],
-    ) -> HashTable:
-        """One shard table."""
-        return HashTable(
-            key_dtype,
-            value_dtype,
-            default_value,
-            name=name,
-            checkpoint=False,  # the variable checkpoints its content, whatever the sharding
-            init_size=init_size,
-            device=device,
-            shared_name=shared_name,
-        )
-
-
-CuckooHashTableCreator = HashTableCreator
-
-
-class HkvHashTableCreator(HashTableCreator):
-    """Creates the shards of a `de.Variable` as bounded `de.HkvHashTable`s.
-
-    Each shard gets `config` (its capacities are per shard).
-
-    Args:
-      config: a `de.HkvHashTableConfig` (default: `HkvHashTableConfig()`).
-    """
-
-    def __init__(self, config: Optional[HkvHashTableConfig] = None):
-        if config is not None and not isinstance(config, HkvHashTableConfig):
-            raise TypeError(f"`config` must be a de.HkvHashTableConfig or None, got {config!r}.")
-        self.config = config or HkvHashTableConfig()
-
-    def create(self, key_dtype, value_dtype, default_value, name, init_size, device, shared_name):
-        del init_size  # the config's init_capacity sizes the table
-        return HkvHashTable(
-            key_dtype,
-            value_dtype,
-            default_value,
-            name=name,
-            checkpoint=False,
-            config=self.config,
-            device=device,
-            shared_name=shared_name,
-        )
-
+__all__ = ["Variable", "get_variable"]
 
 # ---------------------------------------------------------------------------------------
 # Variable
@@ -595,7 +494,7 @@ class Variable(tf.Module):
         path), so that a later load reads one consistent set.
 
         Args:
-          dirpath: the directory (created if needed).
+          dirpath: the directory (the save op creates it if needed).
           file_name: the file prefix; default the variable's name.
           chunk_rows: entries per chunk.
           name: a name for the operation.
@@ -603,22 +502,9 @@ class Variable(tf.Module):
         Returns:
           The save operation (None when executing eagerly).
         """
-        prefix = self._file_prefix(file_name)
-        n = self.shard_num
-        if not tf.is_tensor(dirpath):
-            directory = os.fsdecode(dirpath)
-            tf.io.gfile.makedirs(directory)
-            for stale in _shard_files(directory, prefix):
-                if not stale.endswith(f"-of-{n:05d}.dynemb"):
-                    tf.io.gfile.remove(stale)
         with tf.name_scope(name or f"{self.name}_save_to_file"):
             return self._group(
-                [
-                    table.save_to_file_system(
-                        dirpath, f"{prefix}-{i:05d}-of-{n:05d}.dynemb", chunk_rows
-                    )
-                    for i, table in enumerate(self._tables)
-                ]
+                variable_files.save(self, dirpath, self._file_prefix(file_name), chunk_rows)
             )
 
     def load_from_file_system(
@@ -647,41 +533,23 @@ class Variable(tf.Module):
           The load operation (None when executing eagerly).
 
         Raises:
-          ValueError: no files, or a resharding load with a custom partitioner.
+          ValueError: no files, an incomplete or mixed set of files, or a resharding
+            load with a custom partitioner.
         """
-        prefix = self._file_prefix(file_name)
-        n = self.shard_num
         with tf.name_scope(name or f"{self.name}_load_from_file"):
-            if tf.is_tensor(dirpath):
-                pattern = tf.strings.join([dirpath, f"{prefix}-*-of-*.dynemb"], separator="/")
-                paths, saved_shards = tf.io.matching_files(pattern), None
-            else:
-                paths = sorted(_shard_files(os.fsdecode(dirpath), prefix))
-                if not paths:
-                    raise ValueError(
-                        f"no files `{prefix}-*-of-*.dynemb` in `dirpath` {os.fsdecode(dirpath)!r}."
-                    )
-                saved_shards = len(paths)
-            if saved_shards == n:
-                ops = [
-                    table._load_files(paths[i], chunk_rows, clear)
-                    for i, table in enumerate(self._tables)
-                ]
-            else:
-                if self._partition_fn is not default_partition_fn:
-                    raise ValueError(
-                        f"Loading files of {saved_shards or 'an unknown number of'} shards into "
-                        f"{n} shards routes keys with de.default_partition_fn, but this "
-                        f"variable uses {self._partition_fn!r}; save and load with the same "
-                        "number of shards, or restore through tf.train.Checkpoint."
-                    )
-                ops = [
-                    table._load_files(paths, chunk_rows, clear, num_shards=n, shard_index=i)
-                    for i, table in enumerate(self._tables)
-                ]
-            return self._group(ops)
+            prefix = self._file_prefix(file_name)
+            return self._group(variable_files.load(self, dirpath, prefix, chunk_rows, clear))
 
     # -- checkpointing (public Trackable hooks) --------------------------------------------
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # Checkpoints hold the content through _serialize_to_tensors, not per shard: a
+        # restore into another number of shards must find no shard tables to match.
+        # SavedModels still see the tables, whose resources their functions capture.
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "checkpoint":
+            children.pop("_tables", None)
+        return children
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
@@ -720,12 +588,6 @@ class Variable(tf.Module):
             f"<de.Variable name={self.name!r} key_dtype={self._key_dtype.name} "
             f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>"
         )
-
-
-def _shard_files(directory: str, prefix: str) -> List[str]:
-    """The files `save_to_file_system` wrote for `prefix` in `directory`."""
-    pattern = tf.io.gfile.join(directory, f"{prefix}-*-of-*.dynemb")
-    return [p for p in tf.io.gfile.glob(pattern) if re.search(r"-\d{5}-of-\d{5}\.dynemb$", p)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -770,7 +632,9 @@ def get_variable(
     graph = tf.compat.v1.get_default_graph()
     variables = _REGISTRY.setdefault(graph, {})
     existing = variables.get(full_name)
-    reuse = scope.reuse
+    # Eager code always reuses (as tf.compat.v1.get_variable does); asked explicitly,
+    # because a scope first created while tracing a tf.function says reuse=False.
+    reuse = tf.compat.v1.AUTO_REUSE if tf.executing_eagerly() else scope.reuse
     if existing is not None:
         if reuse is True or reuse == tf.compat.v1.AUTO_REUSE:
             return existing

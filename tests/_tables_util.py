@@ -192,18 +192,25 @@ def run_python(script: str, *args: str, timeout: int = 240) -> subprocess.Comple
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables_worker.py")
 
 
-def worker_results(mode: str, arg: str) -> Dict[str, Any]:
-    """Runs tests/tables_worker.py in a fresh process; its JSON result."""
-    proc = run_python(WORKER, mode, arg)
+def worker_results(mode: str, arg: str, worker: str = WORKER) -> Dict[str, Any]:
+    """Runs a worker script (default tests/tables_worker.py) in a fresh process; its
+    JSON result."""
+    proc = run_python(worker, mode, arg)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@functools.lru_cache(maxsize=None)
-def graph_mode_results() -> Dict[str, Any]:
-    """Every TF1 graph-mode scenario, run once per test session in one subprocess."""
-    workdir = tempfile.mkdtemp(prefix="dynemb_graph_")
+def temp_workdir() -> str:
+    """A temporary directory removed when the test session ends."""
+    workdir = tempfile.mkdtemp(prefix="dynemb_")
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
-    return worker_results("graph", workdir)
+    return workdir
+
+
+@functools.lru_cache(maxsize=None)
+def graph_mode_results(worker: str = WORKER) -> Dict[str, Any]:
+    """Every TF1 graph-mode scenario of `worker`, run once per test session in one
+    subprocess."""
+    return worker_results("graph", temp_workdir(), worker)
 
 
 def scenario_result(results: Dict[str, Any], name: str) -> Dict[str, Any]:

@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/io/inputbuffer.h"
+#include "tensorflow/core/lib/io/path.h"
 #include "tensorflow/core/platform/env.h"
 
 namespace dynemb {
@@ -448,6 +449,11 @@ class SaveToFileOp : public TableOpKernel {
     // under the final name.
     const std::string tmp_path = path + ".tmp";
     tensorflow::Env* env = tensorflow::Env::Default();
+    // The directory may be a graph-time tensor that Python never saw: create it here.
+    const std::string directory(tensorflow::io::Dirname(path));
+    if (!directory.empty() && !env->IsDirectory(directory).ok()) {
+      OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(directory));
+    }
     std::unique_ptr<tensorflow::WritableFile> file;
     OP_REQUIRES_OK(ctx, env->NewWritableFile(tmp_path, &file));
     WritableFileSink sink(std::move(file));

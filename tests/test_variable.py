@@ -1,0 +1,410 @@
+"""de.Variable: sharded methods against a dict model, devices, partitioning, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_dynemb as de
+from _tables_util import (
+    KEY_DTYPES,
+    DictModel,
+    assert_table_matches,
+    comparable,
+    dtype_id,
+    make_keys,
+    make_values,
+    norm_key,
+    rng_for,
+)
+from conftest import NUM_LOGICAL_CPUS
+
+SHARDS = [1, 2, 3]
+
+
+def make_variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4, shards=2, **kwargs):
+    return de.Variable(
+        key_dtype=key_dtype, value_dtype=value_dtype, dim=dim, devices=["/CPU:0"] * shards, **kwargs
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Methods against the dict model
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim", [1, 5])
+@pytest.mark.parametrize("shards", SHARDS)
+@pytest.mark.parametrize("key_dtype", KEY_DTYPES, ids=dtype_id)
+def test_methods_match_dict_model(key_dtype, shards, dim):
+    rng = rng_for("variable", key_dtype, shards, dim)
+    var = make_variable(key_dtype, tf.float32, dim, shards, initializer=-1.0)
+    model = DictModel(tf.float32, (dim,), np.full(dim, -1.0, np.float32))
+    keys = make_keys(rng, key_dtype, 60)
+
+    # Rank-2 keys with a duplicate: the last row of a key wins, as in one table.
+    batch = np.concatenate([keys[:40], keys[:1]]).reshape(1, 41)
+    values = make_values(rng, tf.float32, (1, 41, dim))
+    var.upsert(batch, values)
+    model.insert(batch, values)
+    assert_table_matches(var, model)
+    assert sum(int(var.size(i)) for i in range(shards)) == len(model.data)
+
+    probe = np.concatenate([keys[30:50], keys[:3]]).reshape(23)
+    got, found = var.lookup(probe, return_exists=True)
+    want, want_found = model.lookup(probe)
+    np.testing.assert_array_equal(comparable(got), want)
+    np.testing.assert_array_equal(found.numpy(), want_found)
+
+    # accum: deltas to present keys, values to absent ones (the Variable takes old and
+    # new values; delta = new - old).
+    acc_keys = np.concatenate([keys[:5], keys[50:53], keys[:2]])
+    old, exists = var.lookup(acc_keys, return_exists=True)
+    new = old.numpy() + make_values(rng, tf.float32, (len(acc_keys), dim))
+    var.accum(acc_keys, old, new, exists)
+    model_deltas = np.where(exists.numpy()[:, None], new - old.numpy(), new)
+    model.accum(acc_keys, model_deltas, exists.numpy())
+    assert_table_matches(var, model)
+
+    var.remove(keys[10:20].reshape(2, 5))
+    model.remove(keys[10:20])
+    assert_table_matches(var, model)
+
+    var.clear()
+    assert int(var.size()) == 0
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_methods_inside_tf_function(shards):
+    var = make_variable(tf.int64, tf.float32, 3, shards, initializer=0.5)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, 3])])
+    def write(keys, values):
+        var.upsert(keys, values)
+        var.remove(keys[:1])
+        return var.size()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64)])
+    def read(keys):
+        return var.lookup(keys, return_exists=True)
+
+    keys = np.arange(-5, 15, dtype=np.int64)
+    values = np.arange(60, dtype=np.float32).reshape(20, 3)
+    assert int(write(keys, values)) == 19
+    got, found = read(keys[:8].reshape(2, 4))
+    assert got.shape == (2, 4, 3)
+    expected = values[:8].copy()
+    expected[0] = 0.5  # removed -> the initializer
+    np.testing.assert_array_equal(got.numpy().reshape(8, 3), expected)
+    np.testing.assert_array_equal(found.numpy().reshape(-1), [False] + [True] * 7)
+
+
+def test_export_with_hkv_shards_carries_scores():
+    config = de.HkvHashTableConfig(
+        init_capacity=64, max_capacity=1024, evict_strategy=de.HkvEvictStrategy.CUSTOMIZED
+    )
+    var = make_variable(dim=2, shards=3, kv_creator=de.HkvHashTableCreator(config))
+    assert all(isinstance(t, de.HkvHashTable) for t in var.tables)
+    for table in var.tables:
+        assert table.max_capacity == 1024
+    keys = np.arange(30, dtype=np.int64)
+    var.upsert(keys, np.zeros([30, 2], np.float32))
+    # Scores set through the shard tables directly, as an optimizer would not.
+    for table in var.tables:
+        shard_keys = table.export()[0]
+        table.insert(shard_keys, table.lookup(shard_keys), scores=shard_keys * 10)
+    k, _, s = var.export_with_scores()
+    np.testing.assert_array_equal(s.numpy(), k.numpy() * 10)
+
+
+# ----------------------------------------------------------------------------------------
+# Devices and partitioning
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_each_shard_lives_on_its_device(shards):
+    assert len(tf.config.list_logical_devices("CPU")) >= NUM_LOGICAL_CPUS
+    devices = [f"/CPU:{i}" for i in range(shards)]
+    var = de.Variable(tf.int64, tf.float32, dim=2, devices=devices)
+    for i, table in enumerate(var.tables):
+        assert table.resource_handle.device.endswith(f"CPU:{i}"), table.resource_handle.device
+
+    keys = np.random.default_rng(shards).integers(-(2**62), 2**62, 3000)
+    keys = np.unique(keys)
+    values = np.stack([keys % 1000, -(keys % 777)], axis=1).astype(np.float32)
+    var.upsert(keys, values)
+    routed = de.default_partition_fn(tf.constant(keys), shards).numpy()
+    for i in range(shards):
+        assert int(var.size(i)) == int(np.sum(routed == i))
+        shard_keys = var.tables[i].export()[0].numpy()
+        assert set(shard_keys.tolist()) == set(keys[routed == i].tolist())
+
+    order = np.random.default_rng(7).permutation(len(keys))[:500]
+    np.testing.assert_array_equal(var.lookup(keys[order]).numpy(), values[order])
+
+
+def test_custom_partitioner_routes_keys():
+    def by_modulo(keys, num_shards):
+        return tf.cast(tf.math.floormod(keys, num_shards), tf.int32)
+
+    var = make_variable(dim=1, shards=3, partitioner=by_modulo)
+    keys = np.arange(-9, 21, dtype=np.int64)
+    var.upsert(keys, keys[:, None].astype(np.float32))
+    for i in range(3):
+        assert sorted(var.tables[i].export()[0].numpy()) == sorted(k for k in keys if k % 3 == i)
+    np.testing.assert_array_equal(var.lookup(keys).numpy()[:, 0], keys)
+
+
+def _fmix64(x: int) -> int:
+    mask = (1 << 64) - 1
+    x &= mask
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & mask
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & mask
+    return x ^ (x >> 33)
+
+
+def _reference_shard(key, num_shards: int) -> int:
+    """default_partition_fn written out in Python: the cross-machine contract."""
+    if isinstance(key, bytes):
+        h = 0xCBF29CE484222325
+        for byte in key:
+            h = ((h ^ byte) * 0x100000001B3) & ((1 << 64) - 1)
+        h = _fmix64(h ^ len(key))
+    else:
+        h = _fmix64(int(key))
+    return ((h >> 32) * num_shards) >> 32
+
+
+@pytest.mark.parametrize("key_dtype", KEY_DTYPES, ids=dtype_id)
+def test_default_partition_fn_is_the_documented_hash(key_dtype):
+    keys = make_keys(rng_for("partition", key_dtype), key_dtype, 400)
+    for num_shards in (1, 2, 3, 7, 1000):
+        got = de.default_partition_fn(tf.constant(keys, key_dtype), num_shards).numpy()
+        want = [_reference_shard(norm_key(k), num_shards) for k in keys]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_default_partition_fn_pinned_values():
+    # Any change here re-routes every saved key: these values are a contract.
+    got = de.default_partition_fn(tf.constant([0, 1, -1, 2**40, 123456789], tf.int64), 8)
+    np.testing.assert_array_equal(got.numpy(), [0, 5, 3, 7, 4])
+    got = de.default_partition_fn(tf.constant([0, 1, -1], tf.int32), 8)
+    np.testing.assert_array_equal(got.numpy(), [0, 5, 3])
+    got = de.default_partition_fn(tf.constant([b"", b"user_1", b"\x00"]), 8)
+    np.testing.assert_array_equal(got.numpy(), [7, 3, 5])
+
+
+def test_default_partition_fn_balances_sequential_ids():
+    counts = np.bincount(de.default_partition_fn(tf.range(100000, dtype=tf.int64), 4).numpy())
+    assert counts.min() > 0.97 * 25000 and counts.max() < 1.03 * 25000
+
+
+# ----------------------------------------------------------------------------------------
+# Initializers
+# ----------------------------------------------------------------------------------------
+
+
+def test_random_normal_initializer_statistics():
+    var = make_variable(
+        dim=10, shards=2, initializer=tf.keras.initializers.RandomNormal(0.0, 0.01)
+    )
+    rows = var.lookup(tf.range(1 << 17, dtype=tf.int64)).numpy()
+    assert abs(rows.mean()) < 1e-4
+    assert abs(rows.std() - 0.01) < 2e-4
+    assert len(np.unique(rows[:, 0])) > 0.99 * (1 << 17)  # every key its own draw
+    assert int(var.size()) == 0  # reading does not store
+
+
+@pytest.mark.parametrize(
+    "initializer, check",
+    [
+        (tf.keras.initializers.RandomUniform(-0.5, 0.5), lambda r: -0.5 <= r.min() and r.max() < 0.5),
+        (tf.keras.initializers.TruncatedNormal(0.0, 1.0), lambda r: np.abs(r).max() <= 2.0),
+        (tf.random_uniform_initializer(1.0, 2.0), lambda r: 1.0 <= r.min() and r.max() < 2.0),
+        (tf.compat.v1.truncated_normal_initializer(0.0, 0.1), lambda r: np.abs(r).max() <= 0.2),
+        (tf.keras.initializers.GlorotUniform(), lambda r: np.abs(r).max() > 0),
+    ],
+    ids=["keras-uniform", "keras-truncated", "tf-uniform", "v1-truncated", "glorot-callable"],
+)
+def test_random_initializers_draw_per_key(initializer, check):
+    var = make_variable(dim=6, shards=2, initializer=initializer)
+    rows = var.lookup(tf.range(5000, dtype=tf.int64)).numpy()
+    assert rows.shape == (5000, 6)
+    assert check(rows)
+    assert len(np.unique(rows[:, 0])) > 4900
+
+
+@pytest.mark.parametrize(
+    "initializer, expected",
+    [
+        (None, [0.0, 0.0, 0.0]),
+        (2.5, [2.5, 2.5, 2.5]),
+        ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]),
+        (np.array([4.0, 5.0, 6.0]), [4.0, 5.0, 6.0]),
+        (tf.constant([7.0, 8.0, 9.0]), [7.0, 8.0, 9.0]),
+        (tf.keras.initializers.Constant([1.0, -1.0, 0.5]), [1.0, -1.0, 0.5]),
+        (tf.keras.initializers.Ones(), [1.0, 1.0, 1.0]),
+        (tf.zeros_initializer(), [0.0, 0.0, 0.0]),
+        (tf.compat.v1.constant_initializer(3.0), [3.0, 3.0, 3.0]),
+    ],
+    ids=["none", "number", "list", "ndarray", "tensor", "keras-constant", "ones", "zeros", "v1-constant"],
+)
+def test_constant_initializers_keep_every_element(initializer, expected):
+    var = make_variable(dim=3, shards=2, initializer=initializer)
+    got = var.lookup(tf.constant([[5, 6], [7, 8]], tf.int64)).numpy()
+    np.testing.assert_array_equal(got, np.broadcast_to(np.float32(expected), (2, 2, 3)))
+
+
+def test_seeded_initializer_depends_only_on_seed_and_key():
+    keys = tf.constant([3, -7, 2**50, 0], tf.int64)
+    init = tf.keras.initializers.RandomNormal(0.0, 1.0, seed=1234)
+    one = make_variable(dim=5, shards=1, initializer=init).lookup(keys).numpy()
+    three = make_variable(dim=5, shards=3, initializer=init).lookup(keys).numpy()
+    np.testing.assert_array_equal(one, three)
+    # The row of key 3 is the same in any position of any batch.
+    alone = make_variable(dim=5, shards=2, initializer=init).lookup(tf.constant([3], tf.int64))
+    np.testing.assert_array_equal(alone.numpy()[0], one[0])
+    other_seed = tf.keras.initializers.RandomNormal(0.0, 1.0, seed=99)
+    assert not np.array_equal(make_variable(dim=5, initializer=other_seed).lookup(keys), one)
+    # Pinned: the same rows in every process and on every machine (a change would give
+    # restored models different initial rows for new keys).
+    pinned_key3 = [0.5243966, -0.3798286, -0.16620801, 2.0592568, -0.50493836]
+    np.testing.assert_allclose(one[0], pinned_key3, rtol=1e-6)
+
+
+def test_initializer_of_wrong_shape_or_dtype_is_rejected():
+    with pytest.raises(ValueError, match=r"\[dim\]"):
+        make_variable(dim=3, initializer=[1.0, 2.0])
+    with pytest.raises(TypeError, match="initializer"):
+        make_variable(dim=2, initializer=tf.constant([1, 2], tf.int32))
+
+
+# ----------------------------------------------------------------------------------------
+# get_variable
+# ----------------------------------------------------------------------------------------
+
+
+def test_get_variable_reuses_by_name_in_eager_mode():
+    a = de.get_variable("shared_emb_eager", dim=2)
+    b = de.get_variable("shared_emb_eager", dim=2)
+    assert a is b
+    c = de.get_variable("other_emb_eager", dim=2)
+    assert c is not a
+
+
+def test_get_variable_follows_variable_scope_reuse_in_graphs():
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("tower"):
+            a = de.get_variable("emb", dim=2)
+            assert a.name == "tower/emb"
+            with pytest.raises(ValueError, match="already exists"):
+                de.get_variable("emb", dim=2)
+        with tf.compat.v1.variable_scope("tower", reuse=True):
+            assert de.get_variable("emb", dim=2) is a
+            with pytest.raises(ValueError, match="does not exist"):
+                de.get_variable("missing", dim=2)
+        with tf.compat.v1.variable_scope("tower", reuse=tf.compat.v1.AUTO_REUSE):
+            assert de.get_variable("emb", dim=2) is a
+
+
+# ----------------------------------------------------------------------------------------
+# Bad input: clear errors, no crash, stored data unchanged
+# ----------------------------------------------------------------------------------------
+
+
+def _filled(shards=2):
+    var = make_variable(dim=2, shards=shards)
+    var.upsert(np.arange(10, dtype=np.int64), np.ones([10, 2], np.float32))
+    return var
+
+
+def _assert_unchanged(var):
+    keys, values = var.export()
+    assert sorted(keys.numpy().tolist()) == list(range(10))
+    np.testing.assert_array_equal(values.numpy(), np.ones([10, 2], np.float32))
+
+
+@pytest.mark.parametrize("method", ["lookup", "upsert", "remove", "accum"])
+def test_keys_of_another_dtype_raise_type_error(method):
+    var = _filled()
+    keys = tf.constant([1, 2], tf.int32)
+    rows = tf.zeros([2, 2])
+    args = {
+        "lookup": (keys,),
+        "upsert": (keys, rows),
+        "remove": (keys,),
+        "accum": (keys, rows, rows, tf.constant([True, False])),
+    }[method]
+    with pytest.raises(TypeError, match="keys"):
+        getattr(var, method)(*args)
+    _assert_unchanged(var)
+
+
+def test_values_of_the_wrong_shape_raise_expected_shape():
+    var = _filled()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
+        var.upsert(tf.constant([1, 2], tf.int64), tf.zeros([2, 4]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
+        var.upsert(tf.constant([1, 2, 3, 4], tf.int64), tf.zeros([2, 4]))  # same size, wrong shape
+    with pytest.raises(TypeError, match="values"):
+        var.upsert(tf.constant([1, 2], tf.int64), tf.zeros([2, 2], tf.float64))
+    _assert_unchanged(var)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, 2])])
+    def upsert(keys, values):
+        var.upsert(keys, values)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Expected shape"):
+        upsert(tf.constant([1, 2, 3], tf.int64), tf.zeros([2, 2]))
+    _assert_unchanged(var)
+
+
+def test_partitioner_out_of_range_raises_invalid_argument():
+    bad = lambda keys, n: tf.fill(tf.shape(keys), tf.constant(n, tf.int32))  # noqa: E731
+    var = make_variable(dim=2, shards=2)
+    var.upsert(np.arange(10, dtype=np.int64), np.ones([10, 2], np.float32))
+    var._partition_fn = bad  # the same variable, now with a broken partitioner
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        var.upsert(tf.constant([100, 101], tf.int64), tf.zeros([2, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        var.lookup(tf.constant([1], tf.int64))
+    var._partition_fn = de.default_partition_fn
+    _assert_unchanged(var)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"dim": 0}, ValueError, "dim"),
+        ({"dim": -3}, ValueError, "dim"),
+        ({"dim": 2.5}, TypeError, "dim"),
+        ({"devices": []}, ValueError, "devices"),
+        ({"key_dtype": tf.float32}, TypeError, "key_dtype"),
+        ({"value_dtype": tf.string}, TypeError, "value_dtype"),
+        ({"init_size": -1}, ValueError, "init_size"),
+        ({"partitioner": 3}, TypeError, "partitioner"),
+        ({"kv_creator": object()}, TypeError, "kv_creator"),
+    ],
+)
+def test_bad_construction_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        de.Variable(**kwargs)
+
+
+def test_size_index_out_of_range():
+    var = make_variable(shards=2)
+    with pytest.raises(ValueError, match="index"):
+        var.size(2)
+
+
+def test_properties():
+    var = make_variable(tf.string, tf.float16, dim=3, shards=2, name="user/emb", trainable=False)
+    assert var.key_dtype == tf.string and var.value_dtype == tf.float16
+    assert var.dim == 3 and var.shard_num == 2 and var.devices == ["/CPU:0", "/CPU:0"]
+    assert var.name == "user/emb" and not var.trainable and var.restrict_policy is None
+    assert var.restrict(5) is None
+    assert len(var.tables) == 2
