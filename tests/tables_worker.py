@@ -279,24 +279,30 @@ def run_eager_restore(prefix):
     return result
 
 
-def main(argv):
+def guarded(fn, arg):
+    """`fn(arg)`, or {"error": traceback} for the test to fail with."""
+    try:
+        return fn(arg)
+    except Exception:  # reported to the test, which fails with the traceback
+        return {"error": traceback.format_exc()}
+
+
+def run_worker(argv, scenarios, eager_modes):
+    """Runs mode argv[1] with argument argv[2] and prints its JSON result: "graph" runs
+    every TF1 graph-mode scenario; other modes are the functions in `eager_modes`."""
     mode, arg = argv[1], argv[2]
     if mode == "graph":
-        results = {}
         tf.compat.v1.disable_eager_execution()
-        for name, fn in SCENARIOS.items():
-            try:
-                results[name] = fn(arg)
-            except Exception:  # reported to the test, which fails with the traceback
-                results[name] = {"error": traceback.format_exc()}
-    elif mode == "eager-restore":
-        try:
-            results = run_eager_restore(arg)
-        except Exception:
-            results = {"error": traceback.format_exc()}
+        results = {name: guarded(fn, arg) for name, fn in scenarios.items()}
+    elif mode in eager_modes:
+        results = guarded(eager_modes[mode], arg)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(jsonable(results)))
+
+
+def main(argv):
+    run_worker(argv, SCENARIOS, {"eager-restore": run_eager_restore})
 
 
 if __name__ == "__main__":

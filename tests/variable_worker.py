@@ -13,15 +13,13 @@ that raises records {"error": traceback}.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 
 import numpy as np
 import tensorflow as tf
 
-from tables_worker import entries, jsonable
+from tables_worker import entries, run_worker
 
 SCENARIOS = {}
 
@@ -172,24 +170,7 @@ def eager_restore(prefix):
 
 
 def main(argv):
-    mode, arg = argv[1], argv[2]
-    if mode == "graph":
-        results = {}
-        tf.compat.v1.disable_eager_execution()
-        for name, fn in SCENARIOS.items():
-            try:
-                results[name] = fn(arg)
-            except Exception:  # reported to the test, which fails with the traceback
-                results[name] = {"error": traceback.format_exc()}
-    elif mode in ("eager-save", "eager-restore"):
-        fn = eager_save if mode == "eager-save" else eager_restore
-        try:
-            results = fn(arg)
-        except Exception:
-            results = {"error": traceback.format_exc()}
-    else:
-        raise SystemExit(f"unknown mode {mode!r}")
-    print(json.dumps(jsonable(results)))
+    run_worker(argv, SCENARIOS, {"eager-save": eager_save, "eager-restore": eager_restore})
 
 
 if __name__ == "__main__":
