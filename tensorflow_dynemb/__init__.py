@@ -8,6 +8,12 @@ Importing the package loads the op library and changes nothing in TensorFlow or 
 """
 
 from tensorflow_dynemb import _ops
+from tensorflow_dynemb.lookup import (
+    embedding_lookup,
+    embedding_lookup_sparse,
+    embedding_lookup_unique,
+    safe_embedding_lookup_sparse,
+)
 from tensorflow_dynemb.tables import (
     CuckooHashTable,
     HashTable,
@@ -41,5 +47,9 @@ __all__ = [
     "HkvEvictStrategy",
     "HkvHashTable",
     "HkvHashTableConfig",
+    "embedding_lookup",
+    "embedding_lookup_sparse",
+    "embedding_lookup_unique",
+    "safe_embedding_lookup_sparse",
     "__version__",
 ]
