@@ -12,8 +12,8 @@ Three kinds, chosen when the variable is created:
   on the initializer (or a global `tf.random.set_seed`) this is fully deterministic;
   without one the seed is drawn once per variable;
 - any other callable (VarianceScaling family, Orthogonal, user functions): called as
-  `initializer(shape=[n, dim], dtype=value_dtype)` for the `n` missing keys of a batch,
-  as TFRA does.
+  `initializer(shape=[n, dim], dtype=value_dtype)` for the `n` distinct missing keys of
+  a lookup, as TFRA does (a key repeated in the lookup reads one row).
 """
 
 from __future__ import annotations
@@ -89,9 +89,12 @@ class _CallableRows(RowInitializer):
         self._fn = fn
 
     def rows(self, keys: tf.Tensor) -> tf.Tensor:
-        shape = tf.stack([tf.size(keys), self._dim])
-        rows = self._fn(shape=shape, dtype=self._value_dtype)
-        return tf.cast(tf.reshape(rows, shape), self._value_dtype)
+        # One draw per distinct key, so a key repeated in a batch reads one row.
+        unique_keys, index = tf.unique(keys)
+        shape = tf.stack([tf.size(unique_keys), self._dim])
+        rows = tf.cast(tf.reshape(self._fn(shape=shape, dtype=self._value_dtype), shape),
+                       self._value_dtype)
+        return tf.gather(rows, index)
 
 
 def _config(initializer: Any) -> Optional[dict]:

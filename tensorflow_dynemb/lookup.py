@@ -9,8 +9,9 @@ Four functions, named and behaving as their `tf.nn` (and TFRA) counterparts, wit
 - `embedding_lookup_sparse(params, sp_ids, sp_weights, combiner)`: one combined
   (summed, averaged or `sqrtn`-scaled) row per row of a 2-D `tf.SparseTensor` or
   `tf.RaggedTensor` of ids;
-- `safe_embedding_lookup_sparse(...)`: the same after pruning invalid ids and
-  non-positive weights, with a `default_id` for rows left empty and ids of any rank.
+- `safe_embedding_lookup_sparse(...)`: the same after pruning non-positive weights,
+  with a `default_id` for rows left empty and ids of any rank (negative ids are valid
+  keys, as in TFRA).
 
 Keys missing from the variable read its initializer (and are not inserted). `max_norm`
 clips each looked-up row to that L2 norm before combining, as `tf.nn` does.
@@ -257,17 +258,16 @@ def _combine(
     return combined, trainable
 
 
-def _prune_invalid(segments: _Segments, key_dtype: tf.dtypes.DType, prune_weights: bool):
-    """Drops the entries `tf.nn.safe_embedding_lookup_sparse` treats as invalid: integer
-    ids < 0, and (with `prune_weights`) weights <= 0. String ids are all valid."""
-    masks = []
-    if key_dtype.is_integer:
-        masks.append(segments.ids >= 0)
-    if prune_weights and segments.weights is not None:
-        masks.append(segments.weights > 0)
-    if not masks:
+def _prune_non_positive_weights(segments: _Segments) -> _Segments:
+    """Drops the entries of weight <= 0, as `tf.nn.safe_embedding_lookup_sparse` does.
+
+    Unlike tf.nn, no id is pruned for its value: a dense table's negative *indices* are
+    invalid, but every key of a hash table is valid, and hashed feature ids are often
+    negative (TFRA keeps them too).
+    """
+    if segments.weights is None:
         return segments
-    return segments.keep(masks[0] if len(masks) == 1 else tf.logical_and(*masks))
+    return segments.keep(segments.weights > 0)
 
 
 def _fill_empty_rows(segments: _Segments, default_id: tf.Tensor) -> _Segments:
@@ -472,11 +472,12 @@ def safe_embedding_lookup_sparse(
     max_norm: Optional[float] = None,
     return_trainable: bool = False,
 ):
-    """`embedding_lookup_sparse` that skips invalid entries and fills empty rows, as
-    `tf.nn.safe_embedding_lookup_sparse`.
+    """`embedding_lookup_sparse` that skips non-positive weights and fills empty rows,
+    as `tf.nn.safe_embedding_lookup_sparse`.
 
-    Pruned before combining, as `tf.nn` does: integer ids < 0 (string ids are all
-    valid) and, unless `combiner` is "sum", ids whose weight is <= 0. A row left
+    Pruned before combining, unless `combiner` is "sum": ids whose weight is <= 0, as
+    `tf.nn` does. Every id is a valid key, negative ones included (tf.nn prunes
+    negative *indices* of a dense table; a hash table reserves no key). A row left
     without ids is the row of `default_id` (clipped by `max_norm`), or zeros when
     `default_id` is None. A SparseTensor may have any rank >= 1: ids are combined along
     the last dimension, so the result has shape `dense_shape[:-1] + [dim]`.
@@ -510,11 +511,12 @@ def safe_embedding_lookup_sparse(
     >>> import tensorflow as tf
     >>> import tensorflow_dynemb as de
     >>> v = de.Variable(tf.int64, tf.float32, dim=1)
-    >>> v.upsert([0, 5], [[10.0], [4.0]])
-    >>> ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([5, -3, -1], tf.int64),
-    ...                       dense_shape=[3, 2])
-    >>> de.safe_embedding_lookup_sparse(v, ids, default_id=0).numpy()
-    array([[ 4.],
+    >>> v.upsert([0, 5, -3], [[10.0], [4.0], [2.0]])
+    >>> indices = [[0, 0], [0, 1], [1, 0]]
+    >>> ids = tf.SparseTensor(indices, tf.constant([5, -3, 5], tf.int64), dense_shape=[3, 2])
+    >>> weights = tf.SparseTensor(indices, [1.0, 1.0, 0.0], dense_shape=[3, 2])
+    >>> de.safe_embedding_lookup_sparse(v, ids, weights, default_id=0).numpy()
+    array([[ 3.],
            [10.],
            [10.]], dtype=float32)
     """
@@ -536,7 +538,8 @@ def safe_embedding_lookup_sparse(
             "sparse_weights",
             rows_over_all_but_last=True,
         )
-        segments = _prune_invalid(segments, params.key_dtype, prune_weights=combiner != "sum")
+        if combiner != "sum":
+            segments = _prune_non_positive_weights(segments)
         if default_id is not None:
             segments = _fill_empty_rows(segments, default_id)
         result, trainable = _combine(params, segments, combiner, max_norm, return_trainable)

@@ -52,9 +52,10 @@ __all__ = ["Variable", "get_variable"]
 
 
 def _module_name(name: str) -> str:
-    """`name` as a valid Python identifier (what `tf.Module` and op names accept)."""
+    """`name` as a valid Python identifier that also starts a valid TF name scope (a
+    letter first): what `tf.Module`, op names and name scopes accept."""
     cleaned = re.sub(r"\W", "_", name)
-    return cleaned if cleaned and not cleaned[0].isdigit() else f"v_{cleaned}"
+    return cleaned if cleaned[:1].isalpha() else f"v_{cleaned}"
 
 
 def _check_devices(devices: Any) -> List[str]:
@@ -320,7 +321,7 @@ class Variable(tf.Module):
           TypeError: `keys` of another dtype.
           tf.errors.InvalidArgumentError: the partitioner returned an id out of range.
         """
-        with tf.name_scope(name or f"{self.name}_lookup"):
+        with tf.name_scope(name or f"{self._unique_name}_lookup"):
             keys = convert(keys, self._key_dtype, "keys")
             flat = tf.reshape(keys, [-1])
             shards, positions = self._route(flat)
@@ -356,7 +357,7 @@ class Variable(tf.Module):
           tf.errors.InvalidArgumentError / ValueError: `values` of the wrong shape
             ("Expected shape"), or a partitioner id out of range.
         """
-        with tf.name_scope(name or f"{self.name}_upsert"):
+        with tf.name_scope(name or f"{self._unique_name}_upsert"):
             keys = convert(keys, self._key_dtype, "keys")
             rows = self._flat_rows(keys, values, "values")
             shards, _ = self._route(tf.reshape(keys, [-1]), rows)
@@ -382,7 +383,7 @@ class Variable(tf.Module):
           TypeError: an argument of another dtype.
           tf.errors.InvalidArgumentError / ValueError: a shape mismatch ("Expected shape").
         """
-        with tf.name_scope(name or f"{self.name}_accum"):
+        with tf.name_scope(name or f"{self._unique_name}_accum"):
             keys = convert(keys, self._key_dtype, "keys")
             old = self._flat_rows(keys, old_values, "old_values")
             new = self._flat_rows(keys, new_values, "new_values")
@@ -407,7 +408,7 @@ class Variable(tf.Module):
         Returns:
           The operation (None when executing eagerly).
         """
-        with tf.name_scope(name or f"{self.name}_remove"):
+        with tf.name_scope(name or f"{self._unique_name}_remove"):
             shards, _ = self._route(self._flat_keys(keys))
             return self._group([table.remove(k) for table, (k,) in zip(self._tables, shards)])
 
@@ -417,7 +418,7 @@ class Variable(tf.Module):
         Returns:
           The operation (None when executing eagerly).
         """
-        with tf.name_scope(name or f"{self.name}_clear"):
+        with tf.name_scope(name or f"{self._unique_name}_clear"):
             return self._group([table.clear() for table in self._tables])
 
     def size(self, index: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
@@ -429,7 +430,7 @@ class Variable(tf.Module):
         Raises:
           ValueError: `index` out of `[0, num_shards)`.
         """
-        with tf.name_scope(name or f"{self.name}_size"):
+        with tf.name_scope(name or f"{self._unique_name}_size"):
             if index is not None:
                 index = check_int(index, "index", 0)
                 if index >= self.shard_num:
@@ -446,7 +447,7 @@ class Variable(tf.Module):
         Returns:
           `(keys [n], values [n, dim], scores int64 [n])`, order unspecified.
         """
-        with tf.name_scope(name or f"{self.name}_export"):
+        with tf.name_scope(name or f"{self._unique_name}_export"):
             parts = [table.export_with_scores() for table in self._tables]
             if len(parts) == 1:
                 return tuple(parts[0])
@@ -502,7 +503,7 @@ class Variable(tf.Module):
         Returns:
           The save operation (None when executing eagerly).
         """
-        with tf.name_scope(name or f"{self.name}_save_to_file"):
+        with tf.name_scope(name or f"{self._unique_name}_save_to_file"):
             return self._group(
                 variable_files.save(self, dirpath, self._file_prefix(file_name), chunk_rows)
             )
@@ -536,7 +537,7 @@ class Variable(tf.Module):
           ValueError: no files, an incomplete or mixed set of files, or a resharding
             load with a custom partitioner.
         """
-        with tf.name_scope(name or f"{self.name}_load_from_file"):
+        with tf.name_scope(name or f"{self._unique_name}_load_from_file"):
             prefix = self._file_prefix(file_name)
             return self._group(variable_files.load(self, dirpath, prefix, chunk_rows, clear))
 
@@ -555,7 +556,9 @@ class Variable(tf.Module):
         if not self._checkpoint:
             return {}
         with tf.device("/CPU:0"):
-            keys, values, scores = self.export_with_scores(name=f"{self.name}_checkpoint_export")
+            keys, values, scores = self.export_with_scores(
+                name=f"{self._unique_name}_checkpoint_export"
+            )
         return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
 
     def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
@@ -578,7 +581,7 @@ class Variable(tf.Module):
         shards, _ = self._route(keys, values, scores)
         return self._group(
             [
-                table.import_(k, v, s, name=f"{self.name}_checkpoint_restore")
+                table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore")
                 for table, (k, v, s) in zip(self._tables, shards)
             ]
         )

@@ -56,15 +56,13 @@ class Reference:
         self.dense = tf.constant(np.concatenate([values, init[np.newaxis]]))
         self.index = {norm_key(k): i for i, k in enumerate(self.stored)}
 
-    def dense_ids(self, keys, safe: bool = False) -> np.ndarray:
-        """The dense row of each key (missing keys: the initializer row). With `safe`,
-        integer keys < 0 map to -1, which tf.nn.safe_embedding_lookup_sparse prunes."""
+    def dense_ids(self, keys) -> np.ndarray:
+        """The dense row of each key (missing keys: the initializer row). Negative keys
+        are keys like any other: they map to their rows, never to an invalid index."""
         # dtype=object: NumPy's bytes arrays would drop trailing NUL bytes.
         keys = np.asarray(keys, dtype=object if self.key_dtype == tf.string else None)
 
         def row(k):
-            if safe and self.key_dtype.is_integer and int(k) < 0:
-                return -1
             return self.index.get(norm_key(k), NUM_STORED)
 
         return np.array([row(k) for k in keys.reshape(-1)], np.int64).reshape(keys.shape)
@@ -128,10 +126,10 @@ def make_weights(rows: List[list], rng: np.random.Generator, non_positive: bool 
     return weights
 
 
-def paired_inputs(ref: Reference, kind: str, rows, weights, safe: bool = False):
+def paired_inputs(ref: Reference, kind: str, rows, weights):
     """(ids, weights) for de and (dense ids, weights) for tf.nn, as `kind` tensors."""
     ids = build(kind, rows, ref.key_dtype)
-    dense_ids = build(kind, [list(ref.dense_ids(row, safe)) for row in rows], tf.int64)
+    dense_ids = build(kind, [list(ref.dense_ids(row)) for row in rows], tf.int64)
     w = None if weights is None else build(kind, weights, tf.float32)
     return ids, dense_ids, w
 
@@ -205,8 +203,8 @@ def test_other_key_dtypes(key_dtype):
     got = de.embedding_lookup_sparse(ref.var, ids, w, combiner="sqrtn")
     assert_close(got, tf.nn.embedding_lookup_sparse(ref.dense, dense_ids, w, combiner="sqrtn"))
 
-    # Safe lookup: int32 ids < 0 are pruned; every string id is valid.
-    ids, dense_ids, w = paired_inputs(ref, "sparse", rows, weights, safe=True)
+    # Safe lookup: negative int32 ids are valid keys (no key value is reserved).
+    ids, dense_ids, w = paired_inputs(ref, "sparse", rows, weights)
     default = ref.stored[5]
     got = de.safe_embedding_lookup_sparse(ref.var, ids, w, default_id=default)
     want = tf.nn.safe_embedding_lookup_sparse(
@@ -307,7 +305,8 @@ def test_embedding_lookup_sparse_unordered_and_rank3_sparse_ids():
 
 
 def safe_rows(ref: Reference, rng: np.random.Generator):
-    """make_rows plus invalid ids: row 4 holds only ids < 0 (empty once pruned)."""
+    """make_rows plus negative ids, which are valid keys (tf.nn would prune negative
+    *indices*; a hash table reserves no key value): row 4 holds only negative ids."""
     rows = make_rows(ref, rng)
     negative = ref.negative_keys()
     rows[4] = negative[:2]
@@ -330,7 +329,7 @@ def test_safe_embedding_lookup_sparse_matches_tf_nn(
     if weighted:
         weights = make_weights(rows, rng, non_positive=True)
         weights[6] = [0.0] * len(rows[6])  # empty once pruned, unless combiner="sum"
-    ids, dense_ids, w = paired_inputs(ref, kind, rows, weights, safe=True)
+    ids, dense_ids, w = paired_inputs(ref, kind, rows, weights)
     default_id = None if default is None else ref.stored[7]
     got = de.safe_embedding_lookup_sparse(
         ref.var, ids, w, combiner=combiner, default_id=default_id, max_norm=max_norm
@@ -346,7 +345,8 @@ def test_safe_embedding_lookup_sparse_matches_tf_nn(
     assert got.shape == (len(rows), dim)
     assert_close(got, want)
     if default is None:
-        assert np.all(got.numpy()[[2, 4]] == 0)
+        assert np.all(got.numpy()[2] == 0)
+    assert np.any(got.numpy()[4] != 0)  # only negative ids: valid keys, not pruned
 
 
 def test_safe_embedding_lookup_sparse_missing_default_id_reads_the_initializer():
@@ -378,7 +378,7 @@ def test_safe_embedding_lookup_sparse_rank3_ids(default):
     )
     want = tf.nn.safe_embedding_lookup_sparse(
         ref.dense,
-        sparse(ref.dense_ids(keys, safe=True), tf.int64),
+        sparse(ref.dense_ids(keys), tf.int64),
         sparse(weights, tf.float32),
         default_id=None if default is None else ref.dense_ids(default_id),
     )
@@ -398,7 +398,7 @@ def test_shards_on_distinct_cpu_devices():
         tf.nn.embedding_lookup(ref.dense, ref.dense_ids(ids)),
     )
     rows = safe_rows(ref, rng)
-    ids, dense_ids, _ = paired_inputs(ref, "ragged", rows, None, safe=True)
+    ids, dense_ids, _ = paired_inputs(ref, "ragged", rows, None)
     got = de.safe_embedding_lookup_sparse(ref.var, ids, combiner="sqrtn")
     assert_close(got, tf.nn.safe_embedding_lookup_sparse(ref.dense, dense_ids, combiner="sqrtn"))
 
@@ -415,7 +415,7 @@ def test_inside_tf_function_with_unknown_shapes():
     rows = safe_rows(ref, rng)
     weights = make_weights(rows, rng, non_positive=True)
     sp_ids, dense_sp_ids, sp_w = paired_inputs(ref, "sparse", rows, weights)
-    _, safe_dense_ids, _ = paired_inputs(ref, "sparse", rows, weights, safe=True)
+    _, safe_dense_ids, _ = paired_inputs(ref, "sparse", rows, weights)
     rt_ids, dense_rt_ids, rt_w = paired_inputs(ref, "ragged", rows, weights)
     sparse_spec = tf.SparseTensorSpec([None, None], tf.int64)
     weights_spec = tf.SparseTensorSpec([None, None], tf.float32)
@@ -463,8 +463,8 @@ def check_tf1_graph_session():
     weights = [[1.0, 0.5, 2.0], [], [1.5, 1.0, -1.0]]
     index = {int(k): i for i, k in enumerate(stored)}
 
-    def dense_id(k, safe=False):
-        return -1 if safe and k < 0 else index.get(int(k), 12)
+    def dense_id(k):
+        return index.get(int(k), 12)
 
     with tf.Graph().as_default() as graph:
         var = de.Variable(tf.int64, tf.float32, dim=3, devices=["/CPU:0"] * 2, initializer=0.5)
@@ -486,7 +486,7 @@ def check_tf1_graph_session():
             ),
             tf.nn.safe_embedding_lookup_sparse(
                 dense,
-                to_sparse([[dense_id(k, True) for k in r] for r in rows], tf.int64),
+                to_sparse([[dense_id(k) for k in r] for r in rows], tf.int64),
                 sp_w,
                 "sum",
                 12,

@@ -259,6 +259,23 @@ def test_constant_initializers_keep_every_element(initializer, expected):
     np.testing.assert_array_equal(got, np.broadcast_to(np.float32(expected), (2, 2, 3)))
 
 
+def test_keyed_uniform_rows_stay_below_maxval():
+    # [1, 2) in float32: a double draw just below 2 rounds up to 2 about once in 1e7.
+    rows = de._ops.ops.dynemb_keyed_random(
+        tf.range(3_000_000, dtype=tf.int64), dim=8, seed=3, distribution="uniform",
+        a=1.0, b=2.0, dtype=tf.float32,
+    ).numpy()
+    assert rows.min() >= 1.0 and rows.max() < 2.0
+
+
+def test_callable_initializer_gives_a_repeated_missing_key_one_row():
+    var = make_variable(dim=4, shards=2, initializer=tf.keras.initializers.GlorotUniform())
+    rows = var.lookup(tf.constant([5, 6, 5, 5], tf.int64)).numpy()
+    np.testing.assert_array_equal(rows[0], rows[2])
+    np.testing.assert_array_equal(rows[0], rows[3])
+    assert not np.array_equal(rows[0], rows[1])
+
+
 def test_seeded_initializer_depends_only_on_seed_and_key():
     keys = tf.constant([3, -7, 2**50, 0], tf.int64)
     init = tf.keras.initializers.RandomNormal(0.0, 1.0, seed=1234)
@@ -399,6 +416,23 @@ def test_size_index_out_of_range():
     var = make_variable(shards=2)
     with pytest.raises(ValueError, match="index"):
         var.size(2)
+
+
+@pytest.mark.parametrize("name", ["user emb:0", "_private", "9lives", "tower/emb"])
+def test_any_name_works_in_every_mode(name):
+    var = make_variable(dim=2, shards=2, name=name)
+    assert var.name == name
+    var.upsert([1, 2], np.ones([2, 2], np.float32))
+
+    @tf.function
+    def lookup(keys):
+        return var.lookup(keys)
+
+    np.testing.assert_array_equal(lookup(tf.constant([2], tf.int64)).numpy(), [[1.0, 1.0]])
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        graph_var = make_variable(dim=2, shards=2, name=name)
+        sess.run(graph_var.upsert([3], [[2.0, 2.0]]))
+        assert sess.run(graph_var.size()) == 1
 
 
 def test_properties():

@@ -62,7 +62,7 @@ enum class KeyedDistribution : int { kUniform = 0, kNormal = 1, kTruncatedNormal
 
 // Fills row[0..dim) with draws that depend only on (seed, key hash, column):
 // a counter-based generator, so any process computes the same row for a key.
-// kUniform: a + (b - a) * U[0, 1). kNormal: mean a, stddev b.
+// kUniform: a + (b - a) * U[0, 1), always < b. kNormal: mean a, stddev b.
 // kTruncatedNormal: mean a, stddev b, redrawn until within 2 stddevs (as TF's
 // truncated_normal).
 template <typename T>
@@ -93,6 +93,10 @@ void KeyedRandomRow(uint64_t seed, uint64_t key_hash, int64_t dim, KeyedDistribu
       }
     }
     row[col] = static_cast<T>(draw);
+    // Rounding to T can reach b itself; uniform draws stay below it, as TF's.
+    if (dist == KeyedDistribution::kUniform && b > a && !(row[col] < static_cast<T>(b))) {
+      row[col] = std::nextafter(static_cast<T>(b), static_cast<T>(a));
+    }
   }
 }
 
