@@ -32,9 +32,10 @@
 //       growth and deletion never read rows, and keys are compared only when
 //       the 32 bits match. Deletion is by backward shift, so there are no
 //       tombstones and no key value has to be reserved.
-//     - a row slab: rows of [key | score | values] in chunks (no allocation
-//       per key). Rows never move, so growing the slot array rehashes only
-//       8-byte slots, never values; freed rows go to a free list.
+//     - a row slab: rows of [key | score | values] ([key | score | age |
+//       values] in bounded tables) in chunks (no allocation per key). Rows
+//       never move, so growing the slot array rehashes only 8-byte slots,
+//       never values; freed rows go to a free list.
 //   Growth doubles one shard's slot array when it passes 3/4 load. Shards grow
 //   independently, so a rehash stalls 1/kNumShards of the table briefly.
 //
@@ -61,38 +62,48 @@
 //   Below max_capacity nothing is evicted (exactly so for batches applied by
 //   one thread; concurrent passes may briefly hold budget another one needs).
 //
-//   Which entry goes. When the budget is exhausted, each new key evicts the
-//   entry with the lowest score in the whole table -- or is itself turned
-//   away if its own score is lower still (ties evict the stored entry). Only
-//   evicting inside the inserting key's shard would be cheap but wrong: shard
-//   sizes are random, so a shard that receives more new keys than it holds
-//   old ones would evict recent keys (simulated, LRU, 2 x max_capacity keys
-//   inserted: ~12% of the most recent max_capacity keys lost at 4K keys, ~3%
-//   at 64K). A full scan per insert is exact but O(size). Instead:
-//     - each shard keeps a lazy min-heap of (score, hash bits, row), built the
-//       first time the shard is asked for a victim. Scores only rise outside
-//       the writer's lock (Find refreshing LRU scores, upserts); a writer that
-//       lowers a score pushes a fresh entry. So each live row has an entry no
-//       higher than its score, and popping dead rows and re-pushing moved
-//       scores brings the true minimum to the top (ValidateTop). The heap is
-//       rebuilt when stale entries exceed one per key: ~16-20 bytes per key.
-//     - each shard publishes a hint, a lower bound of its minimum score (the
-//       heap top, or the lowest score written since), in an array read
-//       without locks.
-//     - FindVictim validates the inserting shard's top, then visits other
-//       shards in hint order (lock, ValidateTop, which makes the hint exact)
-//       until no unvisited hint can beat the best entry found: that entry is
-//       the global minimum. A pass remembers the minimum of the other hints
-//       (it can only rise during the pass), so while the own shard holds the
-//       minimum no scan is needed -- the common case under LRU, where whole
-//       batches share the oldest score.
-//   Ties are broken by content, not history: the own shard first, then the
-//   lowest shard index, then the lowest hash. So a table restored from a
-//   checkpoint (keys and scores) evicts what the saved one would have, for
-//   batches applied by one thread (large batches are split across threads,
-//   whose interleaving then picks among equal candidates). A lower shard
-//   that is busy (try-lock fails) is skipped: eviction is approximate only
-//   under contention.
+//   Which entry goes. Entries rank by (score, age): the age is when the row
+//   was last written (inserted, overwritten, accumulated; a Find refreshing
+//   an LRU score does not count), counted in rows written to the table, so it
+//   orders rows across shards and within a batch. When the budget is
+//   exhausted each new key evicts the lowest-ranked entry of the whole table,
+//   or is itself turned away if its own score is lower still (on equal
+//   scores the stored entry goes: it is older). Breaking score ties by age
+//   matters: under LFU many keys tie at count 1, and with a fixed order (say,
+//   by hash) the same keys would always lose the tie and never stay long
+//   enough to be counted up.
+//
+//   Only evicting inside the inserting key's shard would be cheap but wrong:
+//   shard sizes are random, so a shard that receives more new keys than it
+//   holds old ones would evict recent keys (simulated, LRU, 2 x max_capacity
+//   keys inserted: ~12% of the most recent max_capacity keys lost at 4K keys,
+//   ~3% at 64K). A full scan per insert is exact but O(size). Instead:
+//     - each shard keeps a lazy min-heap of (score, age, row), built the
+//       first time the shard is asked for a victim. Outside the writer's lock
+//       scores only rise (Find refreshing LRU scores); a write makes the age
+//       newer, and one that lowers a score pushes a fresh entry. So every live
+//       row has an entry at or below its rank, and popping dead rows (age =
+//       all ones once freed) and re-pushing moved ones brings the true
+//       minimum to the top (ValidateTop). The heap is rebuilt when stale
+//       entries exceed one per key: 24 bytes per entry, ~1-2 per key.
+//     - each shard publishes a hint, a lower bound of its minimum rank (the
+//       heap top, or the lowest rank written since), read without locks.
+//     - FindVictim validates the inserting shard's top; the pass keeps the
+//       other shards in a priority queue by hint, and locks and validates the
+//       queue's top shard (its key becomes exact and goes back) until the best
+//       entry found ranks at or below every key left: that entry is the global
+//       minimum. The pass only raises other shards' minimums (by evicting), so
+//       the queue stays a set of lower bounds for the whole pass and a row
+//       validates one or two shards: O(log 256), not a scan.
+//   Ages are unique, so the victim is determined by keys, scores and the
+//   order of writes. Export (which checkpoints use) and ExportChunks (file
+//   saves) emit a bounded table oldest write first, so importing or loading
+//   them gives the rows ages in the same relative order: a restored table
+//   evicts exactly what the saved one would have, for batches applied by one
+//   thread. (A large batch is split over threads; their interleaving may
+//   then pick differently among candidates.) A lower-index shard that is busy
+//   (try-lock fails) is skipped: eviction is approximate under contention.
+//   Rows cost 8 bytes more (the age) in bounded tables.
 //
 //   Batches. A batch that may fill the table (reserved + n > max_capacity)
 //   runs in two rounds: rows of keys already present first (updated and
@@ -371,13 +382,15 @@ class Table {
   // Removes every key and releases the memory.
   virtual void Clear() = 0;
 
-  // A consistent snapshot of every entry, in unspecified order.
+  // A consistent snapshot of every entry, in unspecified order (bounded
+  // tables: oldest write first, so an import restores how ties break).
   virtual Status Export(ExportSink* sink) = 0;
 
   // Every entry in chunks of at most `chunk_rows`, holding one shard's lock
   // only while copying a chunk: memory stays O(chunk_rows) however large the
-  // table, and writers are never blocked for long. Entries inserted or
-  // removed concurrently may or may not be visited.
+  // table (bounded tables add a 16-byte-per-key ordering to emit the oldest
+  // writes first, see "Bounded tables"), and writers are never blocked for
+  // long. Entries inserted or removed concurrently may or may not be visited.
   virtual Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) = 0;
 };
 

@@ -31,9 +31,17 @@ constexpr uint64_t kMinShardSlots = 8;
 constexpr int64_t kParallelMinKeys = 4096;
 // How far ahead of use the batch loops prefetch.
 constexpr int64_t kPrefetchDistance = 8;
-// A shard's min-score hint when it has no entry (or only entries scored
-// UINT64_MAX, which then rank last, as they should).
-constexpr uint64_t kNoEntryHint = ~uint64_t{0};
+// (score, age): what eviction ranks entries by, lowest first (see HeapEntry).
+struct RankKey {
+  uint64_t score;
+  uint64_t age;
+  bool operator<(const RankKey& o) const {
+    return score != o.score ? score < o.score : age < o.age;
+  }
+};
+// The hint of a shard without entries: above every live entry's key (a live
+// row's age is never kDeadAge, defined below as all ones).
+constexpr RankKey kNoEntryKey{~uint64_t{0}, ~uint64_t{0}};
 // try_lock attempts on a lower-index shard before eviction looks elsewhere
 // (blocking there could deadlock; see "Locking" in table.h).
 constexpr int kEvictLockTries = 4;
@@ -89,24 +97,33 @@ inline void AtomicStoreScore(char* p, uint64_t score) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(p), score, __ATOMIC_RELAXED);
 }
 
-// An entry of a shard's eviction heap (bounded tables). Lazy: the score is
-// the row's score when the entry was pushed. Scores only rise outside the
-// writer's lock (a Find refreshing LRU scores), and a writer that lowers a
-// score pushes a new entry, so every live row has an entry whose score is at
-// most its current score; an entry whose row died or whose score moved is
-// dropped or re-pushed when it reaches the top (ValidateTop).
+// A bounded table's rows carry an age besides the score: when the row was
+// last written (inserted, overwritten, accumulated; not refreshed by Find),
+// counted in rows written to the table, so ages compare across shards and
+// row i of a batch is older than row i + 1. Among equal scores the oldest
+// write goes first. A freed row's age is kDeadAge, so a heap entry can tell
+// a dead row.
+constexpr uint64_t kDeadAge = ~uint64_t{0};
+
+// An entry of a shard's eviction heap (bounded tables). Lazy: (score, age) is
+// the row's when the entry was pushed. Outside the writer's lock scores only
+// rise (a Find refreshing LRU scores); a writer's write makes the row's age
+// newer, and one that lowers its score pushes a new entry. So every live row
+// has an entry at or below its current (score, age), and an entry whose row
+// died or moved is dropped or re-pushed when it reaches the top (ValidateTop).
 struct HeapEntry {
   uint64_t score;
-  uint32_t hash32;  // the slot's hash bits: finds the row's slot, and breaks ties
+  uint64_t age;
   uint32_t row;
 };
 
-// Min-heap order: the lowest (score, hash32) on top. Ties by hash rather
-// than by age, so the choice depends only on the content (keys and scores):
-// a table restored from a checkpoint evicts what the saved one would have.
+// Min-heap order: the lowest (score, age) on top. Ties go by age, not by a
+// fixed content order such as the key's hash: with a fixed order, under LFU
+// (where many keys tie at count 1) the same keys would always lose the tie
+// and could never stay long enough to be counted up.
 struct HeapAfter {
   bool operator()(const HeapEntry& a, const HeapEntry& b) const {
-    return a.score != b.score ? a.score > b.score : a.hash32 > b.hash32;
+    return a.score != b.score ? a.score > b.score : a.age > b.age;
   }
 };
 
@@ -180,6 +197,20 @@ struct PassCounters {
   uint64_t inserts = 0, updates = 0, lookups = 0, misses = 0, removes = 0, evictions = 0;
 };
 
+// A shard and a lower bound of its lowest (score, age); the queue FindVictim
+// keeps is a min-heap of these (ties by shard index, so it is deterministic).
+struct ShardKey {
+  RankKey key;
+  int shard;
+};
+struct ShardKeyAfter {
+  bool operator()(const ShardKey& a, const ShardKey& b) const {
+    if (a.key < b.key) return false;
+    if (b.key < a.key) return true;
+    return a.shard > b.shard;
+  }
+};
+
 // One writing pass over one shard (Insert, Accum, Remove), made while holding
 // the shard's exclusive lock; published when it ends.
 struct WritePass {
@@ -189,13 +220,10 @@ struct WritePass {
   int64_t size_delta = 0;  // keys the pass added to the table, net of removals
   int64_t stash = 0;       // bounded tables: budget reserved and not used yet
   int64_t released = 0;    // bounded tables: budget units freed by removals
-  // Eviction: a lower bound of the other shards' hints, from the last scan.
-  // It stays one during the pass: the pass only raises other shards' hints
-  // (by evicting from them), so a row whose own shard's minimum is at or
-  // below it needs no new scan. (Other threads may lower hints meanwhile;
-  // under concurrency eviction is approximate anyway.)
-  uint64_t others_min = 0;
-  bool others_min_known = false;
+  // Eviction: the other shards keyed by lower bounds of their minimum (see
+  // FindVictim), built on the pass's first eviction.
+  std::vector<ShardKey> candidates;
+  bool candidates_built = false;
 };
 
 // What a writer did with one row: an error, or deferred to the second round.
@@ -212,11 +240,10 @@ enum class Room {
   kTurnedAway,       // the new key had the lowest score: it is not inserted
 };
 
-// The entry chosen for eviction: its shard, slot position and score.
+// The entry chosen for eviction: its shard (whose heap has it on top) and key.
 struct Victim {
   int shard = -1;
-  uint64_t pos = 0;
-  uint64_t score = 0;
+  RankKey key{0, 0};
 };
 
 template <typename K>
@@ -232,12 +259,14 @@ class CpuTable final : public Table {
         bounded_(options.max_capacity > 0),
         shards_(new Shard[kNumShards]) {
     score_offset_ = RoundUp8(sizeof(typename Traits::Stored));
-    value_offset_ = score_offset_ + sizeof(uint64_t);
+    // Rows are [key | score | values], bounded tables' [key | score | age | values].
+    age_offset_ = score_offset_ + sizeof(uint64_t);
+    value_offset_ = age_offset_ + (bounded_ ? sizeof(uint64_t) : 0);
     stride_ = RoundUp8(value_offset_ + value_bytes_);
     for (int s = 0; s < kNumShards; ++s) {
       shards_[s].rows.Init(stride_);
       shards_[s].ResetSlots(InitialShardSlots());
-      min_hint_[s].store(kNoEntryHint, std::memory_order_relaxed);
+      SetHint(s, kNoEntryKey);
     }
   }
 
@@ -314,6 +343,7 @@ class CpuTable final : public Table {
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
     ScoreContext ctx = WriteScoreContext(scores, n, /*is_insert=*/true);
+    const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(values);
     EvictedWriter out(evicted, value_bytes_);
     Status result = WriteBatch(
@@ -327,13 +357,13 @@ class CpuTable final : public Table {
             char* r = shard.rows.Row(SlotRow(slot));
             std::memcpy(r + value_offset_, value, value_bytes_);
             const uint64_t old = AtomicLoadScore(r + score_offset_);
-            Rescore(pass.shard, SlotRow(slot), SlotHash(slot), old, ctx.Score(i, true, old));
+            Rescore(pass.shard, SlotRow(slot), old, ctx.Score(i, true, old), age_base + i);
             ++pass.pc.updates;
             return RowResult{};
           }
           if (defer) return RowResult{Status::Ok(), true};
           return RowResult{InsertNew(pass, rows_left, hash, in[i], pos, value,
-                                     ctx.Score(i, false, 0), &out),
+                                     ctx.Score(i, false, 0), age_base + i, &out),
                            false};
         });
     if (evicted != nullptr) evicted->count = out.count();
@@ -349,6 +379,7 @@ class CpuTable final : public Table {
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
     ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/false);
+    const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(deltas);
     EvictedWriter out(nullptr, value_bytes_);
     return WriteBatch(
@@ -363,7 +394,7 @@ class CpuTable final : public Table {
               char* r = shard.rows.Row(SlotRow(slot));
               add_row_(r + value_offset_, delta, options_.dim);
               const uint64_t old = AtomicLoadScore(r + score_offset_);
-              Rescore(pass.shard, SlotRow(slot), SlotHash(slot), old, ctx.Score(i, true, old));
+              Rescore(pass.shard, SlotRow(slot), old, ctx.Score(i, true, old), age_base + i);
               ++pass.pc.updates;
             }
             return RowResult{};
@@ -373,7 +404,7 @@ class CpuTable final : public Table {
           if (defer) return RowResult{Status::Ok(), true};
           if (exists[i]) return RowResult{};
           return RowResult{InsertNew(pass, rows_left, hash, in[i], pos, delta,
-                                     ctx.Score(i, false, 0), &out),
+                                     ctx.Score(i, false, 0), age_base + i, &out),
                            false};
         });
   }
@@ -415,7 +446,7 @@ class CpuTable final : public Table {
       shard.heap.clear();
       shard.heap.shrink_to_fit();
       shard.heap_built = false;
-      min_hint_[s].store(kNoEntryHint, std::memory_order_relaxed);
+      SetHint(s, kNoEntryKey);
     }
     // Subtract rather than store 0: with every lock held no pass is running,
     // but the order of the two counters must stay size_ <= reserved_.
@@ -432,21 +463,29 @@ class CpuTable final : public Table {
     uint64_t* scores = nullptr;
     DYNEMB_RETURN_IF_ERROR(sink->Allocate(n, &keys, &values, &scores));
     int64_t i = 0;
-    for (int s = 0; s < kNumShards; ++s) {
-      const Shard& shard = shards_[s];
-      for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
-        const uint64_t slot = shard.slots[pos];
-        if (SlotEmpty(slot)) continue;
-        const char* r = shard.rows.Row(SlotRow(slot));
-        WriteKey(sink, keys, i, r);
-        if (values != nullptr) {
-          std::memcpy(static_cast<char*>(values) + i * value_bytes_, r + value_offset_,
-                      value_bytes_);
-        }
-        if (scores != nullptr) scores[i] = AtomicLoadScore(r + score_offset_);
-        ++i;
+    const auto emit = [&](const char* r) {
+      WriteKey(sink, keys, i, r);
+      if (values != nullptr) {
+        std::memcpy(static_cast<char*>(values) + i * value_bytes_, r + value_offset_,
+                    value_bytes_);
       }
+      if (scores != nullptr) scores[i] = AtomicLoadScore(r + score_offset_);
+      ++i;
+    };
+    if (!bounded_) {
+      for (int s = 0; s < kNumShards; ++s) ForEachRowInSlotOrder(shards_[s], emit);
+      return Status::Ok();
     }
+    // Oldest write first over the whole table: importing the export (as a
+    // checkpoint restore does) gives the rows ages in the same relative
+    // order, so the restored table breaks score ties as the saved one would.
+    std::vector<std::pair<uint64_t, const char*>> order;
+    order.reserve(static_cast<size_t>(n));
+    for (int s = 0; s < kNumShards; ++s) {
+      ForEachRowInSlotOrder(shards_[s], [&](const char* r) { order.emplace_back(Age(r), r); });
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& entry : order) emit(entry.second);
     return Status::Ok();
   }
 
@@ -454,6 +493,7 @@ class CpuTable final : public Table {
     if (chunk_rows < 1) {
       return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
     }
+    if (bounded_) return ExportChunksOldestFirst(chunk_rows, sink);
     std::vector<In> keys;
     std::vector<char> values;
     std::vector<uint64_t> scores;
@@ -477,21 +517,102 @@ class CpuTable final : public Table {
         scores.clear();
         return status;
       };
-      for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
-        const uint64_t slot = shard.slots[pos];
-        if (SlotEmpty(slot)) continue;
-        const char* r = shard.rows.Row(SlotRow(slot));
+      Status status;
+      ForEachRowInSlotOrder(shard, [&](const char* r) {
+        if (!status.ok()) return;
         std::memcpy(values.data() + keys.size() * value_bytes_, r + value_offset_, value_bytes_);
         keys.push_back(Traits::View(r));
         scores.push_back(AtomicLoadScore(r + score_offset_));
-        if (keys.size() == cap) DYNEMB_RETURN_IF_ERROR(flush());
-      }
+        if (keys.size() == cap) status = flush();
+      });
+      DYNEMB_RETURN_IF_ERROR(status);
       DYNEMB_RETURN_IF_ERROR(flush());
     }
     return Status::Ok();
   }
 
  private:
+  // Calls fn(row) for every entry of `shard` (locked by the caller).
+  template <typename Fn>
+  void ForEachRowInSlotOrder(const Shard& shard, Fn&& fn) const {
+    for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
+      const uint64_t slot = shard.slots[pos];
+      if (!SlotEmpty(slot)) fn(static_cast<const char*>(shard.rows.Row(SlotRow(slot))));
+    }
+  }
+
+  // ExportChunks of a bounded table: oldest write first over the whole table,
+  // as Export, so that a file load gives the rows ages in the same relative
+  // order and the loaded table breaks score ties as the saved one would. The
+  // order is taken shard by shard (16 bytes per key, no values); then each
+  // chunk's rows are copied under their shard's lock, one shard at a time.
+  // A row freed since (or released by a Clear) is skipped; one reused since
+  // is written with its new content -- as for any entry written concurrently.
+  Status ExportChunksOldestFirst(int64_t chunk_rows, const ChunkSink& sink) {
+    struct Ref {
+      uint64_t age;
+      uint32_t row;
+      uint32_t shard;
+      bool operator<(const Ref& o) const { return age < o.age; }
+    };
+    std::vector<Ref> order;
+    for (int s = 0; s < kNumShards; ++s) {
+      const Shard& shard = shards_[s];
+      std::shared_lock<std::shared_mutex> lock(shard.mu);
+      for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
+        const uint64_t slot = shard.slots[pos];
+        if (SlotEmpty(slot)) continue;
+        order.push_back(
+            Ref{Age(shard.rows.Row(SlotRow(slot))), SlotRow(slot), static_cast<uint32_t>(s)});
+      }
+    }
+    std::sort(order.begin(), order.end());
+    const size_t cap = std::min(order.size(), static_cast<size_t>(chunk_rows));
+    std::vector<typename Traits::Stored> key_copies(cap);  // the sink's keys outlive the locks
+    std::vector<In> keys(cap);
+    std::vector<char> values(cap * value_bytes_);
+    std::vector<uint64_t> scores(cap);
+    std::vector<bool> copied(cap);
+    std::vector<uint32_t> by_shard(cap);
+    for (size_t begin = 0; begin < order.size(); begin += cap) {
+      const size_t m = std::min(cap, order.size() - begin);
+      const Ref* chunk = order.data() + begin;
+      for (size_t j = 0; j < m; ++j) by_shard[j] = static_cast<uint32_t>(j);
+      std::stable_sort(by_shard.begin(), by_shard.begin() + m,
+                       [chunk](uint32_t a, uint32_t b) { return chunk[a].shard < chunk[b].shard; });
+      for (size_t j = 0; j < m;) {
+        const uint32_t s = chunk[by_shard[j]].shard;
+        std::shared_lock<std::shared_mutex> lock(shards_[s].mu);
+        for (; j < m && chunk[by_shard[j]].shard == s; ++j) {
+          const uint32_t c = by_shard[j];
+          // A Clear since the snapshot released the rows.
+          copied[c] = shards_[s].rows.Contains(chunk[c].row) &&
+                      Age(shards_[s].rows.Row(chunk[c].row)) != kDeadAge;
+          if (!copied[c]) continue;
+          const char* r = shards_[s].rows.Row(chunk[c].row);
+          key_copies[c] = *reinterpret_cast<const typename Traits::Stored*>(r);
+          std::memcpy(values.data() + c * value_bytes_, r + value_offset_, value_bytes_);
+          scores[c] = AtomicLoadScore(r + score_offset_);
+        }
+      }
+      size_t n = 0;  // compact the copied rows, in age order
+      for (size_t c = 0; c < m; ++c) {
+        if (!copied[c]) continue;
+        if (n != c) {
+          key_copies[n] = std::move(key_copies[c]);
+          std::memmove(values.data() + n * value_bytes_, values.data() + c * value_bytes_,
+                       value_bytes_);
+          scores[n] = scores[c];
+        }
+        keys[n] = In(key_copies[n]);
+        ++n;
+      }
+      if (n > 0) DYNEMB_RETURN_IF_ERROR(sink(keys.data(), static_cast<int64_t>(n), values.data(),
+                                             scores.data()));
+    }
+    return Status::Ok();
+  }
+
   // Writes evicted entries into the caller's EvictedEntries (or only counts
   // them); thread-safe: each entry takes the next index.
   class EvictedWriter {
@@ -718,10 +839,11 @@ class CpuTable final : public Table {
   }
 
   // Inserts `key`, absent from shard pass.shard (locked; its probe ended at
-  // `pos`), with `value` and `score`. In a bounded table it first makes room
-  // (MakeRoom), which may evict an entry or turn the key away.
+  // `pos`), with `value`, `score` and (bounded tables) `age`. In a bounded
+  // table it first makes room (MakeRoom): it may evict an entry or turn the
+  // key away.
   Status InsertNew(WritePass& pass, int64_t rows_left, uint64_t hash, In key, uint64_t pos,
-                   const char* value, uint64_t score, EvictedWriter* out) {
+                   const char* value, uint64_t score, uint64_t age, EvictedWriter* out) {
     Shard& shard = shards_[pass.shard];
     Room room = Room::kFree;
     if (bounded_) {
@@ -755,34 +877,34 @@ class CpuTable final : public Table {
     ++pass.pc.inserts;
     // An eviction made room: the table's size is unchanged.
     if (room == Room::kFree) ++pass.size_delta;
-    if (bounded_) OnNewScore(pass.shard, row, static_cast<uint32_t>(hash), score);
+    if (bounded_) OnWrite(pass.shard, row, score, age, /*lowered=*/true);
     return Status::Ok();
   }
 
   // A writer changed the score of an existing row from `old` to `score`.
-  void Rescore(int s, uint32_t row, uint32_t hash32, uint64_t old, uint64_t score) {
+  void Rescore(int s, uint32_t row, uint64_t old, uint64_t score, uint64_t age) {
     SetScore(shards_[s].rows.Row(row), score);
-    // Rising scores leave the row's heap entry valid as a lower bound (it is
-    // re-pushed lazily); a lowered score needs an entry of its own.
-    if (bounded_ && score < old) OnNewScore(s, row, hash32, score);
+    // A rising (score, age) leaves the row's heap entry valid as a lower
+    // bound (it is re-pushed lazily); a lowered score needs an entry.
+    if (bounded_) OnWrite(s, row, score, age, /*lowered=*/score < old);
   }
 
-  // Keeps the eviction heap and the shard's min-score hint in step with a
-  // row that got a new (or lower) score.
-  void OnNewScore(int s, uint32_t row, uint32_t hash32, uint64_t score) {
+  // A bounded shard's row was written with `score` at `age`. If its (score,
+  // age) is new or lower, the heap and the shard's hint learn of it.
+  void OnWrite(int s, uint32_t row, uint64_t score, uint64_t age, bool lowered) {
     Shard& shard = shards_[s];
-    if (score < min_hint_[s].load(std::memory_order_relaxed)) {
-      min_hint_[s].store(score, std::memory_order_relaxed);
-    }
+    SetAge(shard.rows.Row(row), age);
+    if (!lowered) return;
+    if (RankKey{score, age} < Hint(s)) SetHint(s, RankKey{score, age});
     if (!shard.heap_built) return;  // BuildHeap will read the row
-    // Grow by a quarter rather than double: the heap holds ~1 entry per key
-    // (16 bytes), and a full table's shards drift only a little in size.
+    // Grow by a quarter rather than double: the heap holds ~1 entry per key,
+    // and a full table's shards drift only a little in size.
     if (shard.heap.size() == shard.heap.capacity()) {
       shard.heap.reserve(shard.heap.size() + shard.heap.size() / 4 + 16);
     }
-    shard.heap.push_back(HeapEntry{score, hash32, row});
+    shard.heap.push_back(HeapEntry{score, age, row});
     std::push_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
-    // Dead and re-scored entries accumulate; rebuilding from the live rows
+    // Dead and re-ranked entries accumulate; rebuilding from the live rows
     // keeps the heap within ~2 entries per key.
     const auto live = static_cast<size_t>(shard.size.load(std::memory_order_relaxed));
     if (shard.heap.size() > 2 * live + 64) BuildHeap(shard);
@@ -795,55 +917,68 @@ class CpuTable final : public Table {
       const uint64_t slot = shard.slots[pos];
       if (SlotEmpty(slot)) continue;
       const char* r = shard.rows.Row(SlotRow(slot));
-      shard.heap.push_back(HeapEntry{AtomicLoadScore(r + score_offset_), SlotHash(slot),
-                                     SlotRow(slot)});
+      shard.heap.push_back(HeapEntry{AtomicLoadScore(r + score_offset_), Age(r), SlotRow(slot)});
     }
     std::make_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
     shard.heap_built = true;
   }
 
-  // The slot that holds `row` (whose slot hash is `hash32`), or kEmptySlot
-  // when the row is no longer in the shard.
-  static uint64_t SlotOfRow(const Shard& shard, uint32_t hash32, uint32_t row) {
-    const uint64_t mask = shard.mask();
-    for (uint64_t pos = hash32 & mask;; pos = (pos + 1) & mask) {
-      const uint64_t slot = shard.slots[pos];
-      if (SlotEmpty(slot)) return kEmptySlot;
-      if (SlotRow(slot) == row && SlotHash(slot) == hash32) return pos;
-    }
+  uint64_t Age(const char* row) const {
+    uint64_t age;
+    std::memcpy(&age, row + age_offset_, sizeof(age));
+    return age;
+  }
+  void SetAge(char* row, uint64_t age) const { std::memcpy(row + age_offset_, &age, sizeof(age)); }
+
+  // Ages for a writing batch of n rows: row i was written at base + i. One
+  // atomic add per batch; 2^64 rows never wrap.
+  uint64_t AgeBase(int64_t n) {
+    return bounded_ ? rows_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed)
+                    : 0;
   }
 
-  // Brings shard s's lowest (score, hash) live entry to the top of its heap
-  // (building the heap on first use) and publishes its score as the shard's
-  // hint, now exact. The caller holds the shard's exclusive lock. Returns
-  // false when the shard is empty.
+  // Shard s's published hint: a lower bound of its lowest (score, age). Two
+  // relaxed words: a reader racing a writer may see a mixed pair, which only
+  // makes eviction approximate under concurrency.
+  RankKey Hint(int s) const {
+    return RankKey{hint_score_[s].load(std::memory_order_relaxed),
+                   hint_age_[s].load(std::memory_order_relaxed)};
+  }
+  void SetHint(int s, RankKey key) {
+    hint_score_[s].store(key.score, std::memory_order_relaxed);
+    hint_age_[s].store(key.age, std::memory_order_relaxed);
+  }
+
+  // Brings shard s's lowest (score, age) live entry to the top of its heap
+  // (building the heap on first use) and publishes it as the shard's hint,
+  // now exact. The caller holds the shard's exclusive lock. Returns false
+  // when the shard is empty.
   bool ValidateTop(int s, Victim* top) {
     Shard& shard = shards_[s];
     if (!shard.heap_built) BuildHeap(shard);
     std::vector<HeapEntry>& heap = shard.heap;
     while (!heap.empty()) {
       const HeapEntry e = heap.front();
-      const uint64_t pos = SlotOfRow(shard, e.hash32, e.row);
-      const uint64_t score =
-          pos == kEmptySlot ? 0 : AtomicLoadScore(shard.rows.Row(e.row) + score_offset_);
-      if (pos == kEmptySlot || score != e.score) {
+      const char* r = shard.rows.Row(e.row);
+      const uint64_t age = Age(r);
+      const uint64_t score = AtomicLoadScore(r + score_offset_);
+      if (age != e.age || score != e.score) {
         std::pop_heap(heap.begin(), heap.end(), HeapAfter());
-        if (pos == kEmptySlot) {  // evicted or removed since it was pushed
+        if (age == kDeadAge) {  // evicted or removed since it was pushed
           heap.pop_back();
-        } else {  // the score moved: re-rank the row and look again
-          heap.back().score = score;
+        } else {  // written or re-scored since (or a new key's reused row): re-rank
+          heap.back() = HeapEntry{score, age, e.row};
           std::push_heap(heap.begin(), heap.end(), HeapAfter());
         }
         continue;
       }
       // `e` stays on top, where EvictAt expects it.
       top->shard = s;
-      top->pos = pos;
-      top->score = score;
-      min_hint_[s].store(score, std::memory_order_relaxed);
+      top->key = RankKey{score, age};
+      SetHint(s, top->key);
       return true;
     }
-    min_hint_[s].store(kNoEntryHint, std::memory_order_relaxed);
+    SetHint(s, kNoEntryKey);
     return false;
   }
 
@@ -864,53 +999,53 @@ class CpuTable final : public Table {
     return lock;
   }
 
-  // Finds the entry with the lowest score in the table for a new key of
-  // shard s (whose lock the caller holds). Among equal scores it prefers
-  // shard s (no second lock), then the lowest shard index; within a shard the
-  // lowest hash. Shards are visited in the order of their hints, which are
-  // lower bounds of their minimum scores: once no unvisited hint can beat the
-  // best entry found, that entry is the global minimum. `*victim_lock` holds
-  // the victim's shard lock when it is not s. Returns false if no entry was
-  // found (the table's budget is all reserved by passes still inserting).
+  // Finds the entry of lowest (score, age) in the table, for a new key of
+  // shard pass.shard (whose lock the caller holds). The pass keeps the other
+  // shards in a priority queue by their hints (lower bounds): the top shard
+  // is locked and validated (its key becomes exact and goes back in), until
+  // the best entry found is at or below every key left in the queue: then it
+  // is the global minimum. The queue stays valid for the whole pass since the
+  // pass only raises other shards' minimums (by evicting from them), so most
+  // rows validate one or two shards. `*victim_lock` holds the victim's shard
+  // lock when it is not pass.shard. Returns false if no entry was found (the
+  // budget is all reserved by passes still inserting).
   bool FindVictim(WritePass& pass, Victim* best, std::unique_lock<std::shared_mutex>* victim_lock) {
     const int s = pass.shard;
-    const auto before = [s](uint64_t score_a, int a, uint64_t score_b, int b) {
-      if (score_a != score_b) return score_a < score_b;
-      if ((a == s) != (b == s)) return a == s;
-      return a < b;
-    };
     bool found = ValidateTop(s, best);
-    best->shard = s;
-    // Own shard first among equal scores: at or below every other hint, it wins.
-    if (found && pass.others_min_known && best->score <= pass.others_min) return true;
-    std::bitset<kNumShards> visited;
-    visited.set(s);
-    for (bool first = true;; first = false) {
-      int t = -1;
-      uint64_t hint = kNoEntryHint;
+    std::vector<ShardKey>& queue = pass.candidates;
+    if (!pass.candidates_built) {
+      queue.clear();
       for (int u = 0; u < kNumShards; ++u) {
-        if (visited[u]) continue;
-        const uint64_t h = min_hint_[u].load(std::memory_order_relaxed);
-        if (t < 0 || h < hint) {
-          t = u;
-          hint = h;
-        }
+        if (u != s) queue.push_back(ShardKey{Hint(u), u});
       }
-      if (first) {  // every shard but s was a candidate: the min over the others
-        pass.others_min = hint;
-        pass.others_min_known = true;
+      std::make_heap(queue.begin(), queue.end(), ShardKeyAfter());
+      pass.candidates_built = true;
+    }
+    std::vector<ShardKey> skipped;  // busy shards, back in the queue afterwards
+    for (int visits = 0; visits < kNumShards && !queue.empty(); ++visits) {
+      const ShardKey top = queue.front();
+      if (found && !(top.key < best->key)) break;  // nothing left can beat best
+      std::pop_heap(queue.begin(), queue.end(), ShardKeyAfter());
+      queue.pop_back();
+      std::unique_lock<std::shared_mutex> lock =
+          LockForEviction(top.shard, std::max(s, found ? best->shard : s));
+      if (!lock.owns_lock()) {  // busy: approximate rather than wait
+        skipped.push_back(top);
+        continue;
       }
-      if (t < 0 || (found && !before(hint, t, best->score, best->shard))) break;
-      visited.set(t);
-      std::unique_lock<std::shared_mutex> lock = LockForEviction(t, std::max(s, best->shard));
-      if (!lock.owns_lock()) continue;  // busy: approximate rather than wait
       Victim candidate;
-      if (!ValidateTop(t, &candidate)) continue;
-      if (!found || before(candidate.score, t, best->score, best->shard)) {
+      const bool nonempty = ValidateTop(top.shard, &candidate);
+      queue.push_back(ShardKey{nonempty ? candidate.key : kNoEntryKey, top.shard});
+      std::push_heap(queue.begin(), queue.end(), ShardKeyAfter());
+      if (nonempty && (!found || candidate.key < best->key)) {
         *best = candidate;
         *victim_lock = std::move(lock);  // releases the previous victim's shard
         found = true;
       }
+    }
+    for (const ShardKey& k : skipped) {
+      queue.push_back(k);
+      std::push_heap(queue.begin(), queue.end(), ShardKeyAfter());
     }
     return found;
   }
@@ -919,9 +1054,10 @@ class CpuTable final : public Table {
   // Below max_capacity a unit of the global budget is reserved (in bulk: up
   // to the rows left in the pass, at most 1/8 of what is free, so that
   // concurrent passes rarely hold budget another one needs; returned when the
-  // pass ends). When the table is full, the entry with the lowest score is
+  // pass ends). When the table is full, the entry of lowest (score, age) is
   // evicted and reported, or, if the new key's own score is lower, the key is
-  // turned away and reported instead (ties evict the stored entry).
+  // turned away and reported instead (a tie evicts the stored entry: it is
+  // older).
   Room MakeRoom(WritePass& pass, int64_t rows_left, In key, const char* value, uint64_t score,
                 EvictedWriter* out) {
     for (int attempt = 0;; ++attempt) {
@@ -934,7 +1070,7 @@ class CpuTable final : public Table {
       std::unique_lock<std::shared_mutex> victim_lock;
       if (FindVictim(pass, &victim, &victim_lock)) {
         ++pass.pc.evictions;
-        if (score < victim.score) {
+        if (score < victim.key.score) {
           out->Write(key, value, score);
           return Room::kTurnedAway;
         }
@@ -972,14 +1108,17 @@ class CpuTable final : public Table {
   // is locked), reporting it before its row is freed.
   void EvictAt(const Victim& victim, EvictedWriter* out) {
     Shard& shard = shards_[victim.shard];
-    const char* r = shard.rows.Row(SlotRow(shard.slots[victim.pos]));
-    out->Write(Traits::View(r), r + value_offset_, victim.score);
+    const char* r = shard.rows.Row(shard.heap.front().row);
+    const In key = Traits::View(r);
+    const uint64_t pos = FindPosition(shard, HashKey(key), key);
+    out->Write(key, r + value_offset_, victim.key.score);
     std::pop_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
     shard.heap.pop_back();
-    EraseAt(shard, victim.pos);
-    // The next entry's score is a lower bound of the shard's new minimum.
-    min_hint_[victim.shard].store(shard.heap.empty() ? kNoEntryHint : shard.heap.front().score,
-                                  std::memory_order_relaxed);
+    EraseAt(shard, pos);
+    // The next entry is a lower bound of the shard's new minimum.
+    SetHint(victim.shard, shard.heap.empty()
+                              ? kNoEntryKey
+                              : RankKey{shard.heap.front().score, shard.heap.front().age});
   }
 
   // Doubles the slot array. Slots carry their hash bits, so rows are not read.
@@ -1003,6 +1142,7 @@ class CpuTable final : public Table {
   void EraseAt(Shard& shard, uint64_t pos) {
     const uint32_t row = SlotRow(shard.slots[pos]);
     Traits::Destroy(shard.rows.Row(row));
+    if (bounded_) SetAge(shard.rows.Row(row), kDeadAge);
     shard.rows.Free(row);
     const uint64_t mask = shard.mask();
     uint64_t hole = pos;
@@ -1134,6 +1274,7 @@ class CpuTable final : public Table {
   const AddRowFn add_row_;
   const bool bounded_;  // max_capacity > 0
   size_t score_offset_ = 0;
+  size_t age_offset_ = 0;  // bounded tables only
   size_t value_offset_ = 0;
   size_t stride_ = 0;
   std::unique_ptr<Shard[]> shards_;
@@ -1143,10 +1284,13 @@ class CpuTable final : public Table {
   // Bounded tables: keys plus the budget passes have reserved and not yet
   // used or returned; never above max_capacity.
   std::atomic<int64_t> reserved_{0};
-  // Per shard, a lower bound of its lowest score (kNoEntryHint if empty),
-  // read without the shard's lock to pick eviction victims. Apart from the
-  // shard structs so scanning them does not touch contended lock words.
-  std::array<std::atomic<uint64_t>, kNumShards> min_hint_;
+  // Bounded tables: rows written so far (the next batch's first age).
+  std::atomic<uint64_t> rows_written_{0};
+  // Per shard, a lower bound of its lowest (score, age) (kNoEntryKey if
+  // empty), read without the shard's lock to pick eviction victims. Apart
+  // from the shard structs so reading them does not touch contended lock words.
+  std::array<std::atomic<uint64_t>, kNumShards> hint_score_;
+  std::array<std::atomic<uint64_t>, kNumShards> hint_age_;
 
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> insert_batches_{0};
