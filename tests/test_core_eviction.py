@@ -476,6 +476,25 @@ def test_restored_table_evicts_the_same_keys(core, tmp_path):
         assert set(entries(imported)) == set(entries(original)) == set(entries(loaded))
 
 
+def test_large_batches_evict_the_same_keys_on_any_thread_timing(core):
+    """Batches large enough to be split over the runner's threads: evictions run on
+    one thread, so two identical tables evict identical keys, batch after batch."""
+    rng = np.random.default_rng(21)
+    keys = distinct_keys(rng, 60000)
+    scores = rng.integers(0, 50, 60000).astype(np.uint64)  # many ties
+    for strategy in ("lru", "lfu", "customized"):
+        tables = [core.Table("int64", "float32", 2, max_capacity=20000, strategy=strategy,
+                             num_threads=2) for _ in range(2)]
+        for b in range(0, 60000, 12000):
+            batch = keys[b:b + 12000]
+            s = scores[b:b + 12000] if strategy == "customized" else None
+            reports = [evicted_dict(t.insert_and_evict(batch, rows(batch), s)) for t in tables]
+            assert reports[0] == reports[1], (strategy, b)
+            if b >= 24000:
+                assert len(reports[0]) == 12000  # full: each new key evicts or is turned away
+        assert entries(tables[0]) == entries(tables[1])
+
+
 def test_bounded_options(core):
     with pytest.raises(ValueError, match=r"max_capacity.*-5"):
         core.Table("int64", "float32", 1, max_capacity=-5)

@@ -99,18 +99,19 @@
 //   order of writes. Export (which checkpoints use) and ExportChunks (file
 //   saves) emit a bounded table oldest write first, so importing or loading
 //   them gives the rows ages in the same relative order: a restored table
-//   evicts exactly what the saved one would have, for batches applied by one
-//   thread. (A large batch is split over threads; their interleaving may
-//   then pick differently among candidates.) A lower-index shard that is busy
-//   (try-lock fails) is skipped: eviction is approximate under contention.
-//   Rows cost 8 bytes more (the age) in bounded tables.
+//   evicts exactly what the saved one would have. Only batches written by
+//   several threads at once make the choice depend on timing; and a
+//   lower-index shard that is busy (try-lock fails) is skipped, so eviction
+//   is approximate under contention. Rows cost 8 bytes more (the age).
 //
 //   Batches. A batch that may fill the table (reserved + n > max_capacity)
 //   runs in two rounds: rows of keys already present first (updated and
-//   rescored), then the rows of absent keys. A key is absent for all its rows
-//   or present for all in round one, so its rows still apply in batch order;
-//   and the batch's new keys do not evict the keys it updates unless those
-//   still rank lowest. Under LRU a batch's keys carry the newest clock value,
+//   rescored, shards in parallel), then the rows of absent keys, on one
+//   thread (evictions lock the shard holding the minimum: parallel threads
+//   would mostly wait for each other, 2.4x slower on 2 threads). A key is
+//   absent for all its rows or present for all in round one, so its rows
+//   still apply in batch order; and the batch's new keys do not evict the
+//   keys it updates unless those still rank lowest. Under LRU a batch's keys carry the newest clock value,
 //   so they are the last candidates, evicted only if the batch alone exceeds
 //   max_capacity. Each row that needs room evicts or is turned away once, so
 //   a batch of n rows evicts at most n entries (InsertAndEvict reports them).
