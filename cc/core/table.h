@@ -389,9 +389,10 @@ class Table {
 
   // Every entry in chunks of at most `chunk_rows`, holding one shard's lock
   // only while copying a chunk: memory stays O(chunk_rows) however large the
-  // table (bounded tables add a 16-byte-per-key ordering to emit the oldest
+  // table (bounded tables add a 24-byte-per-key ordering to emit the oldest
   // writes first, see "Bounded tables"), and writers are never blocked for
-  // long. Entries inserted or removed concurrently may or may not be visited.
+  // long. Entries inserted or removed concurrently may or may not be visited;
+  // no key is visited twice.
   virtual Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) = 0;
 };
 

@@ -226,10 +226,12 @@ struct WritePass {
   bool candidates_built = false;
 };
 
-// What a writer did with one row: an error, or deferred to the second round.
-struct RowResult {
-  Status status;
-  bool deferred = false;
+// Where a first-round pass of WriteBatch puts the rows it defers: its shard's
+// part of the batch's deferred list.
+struct DeferredRows {
+  uint32_t* rows;
+  uint32_t count;
+  void Add(uint32_t i) { rows[count++] = i; }
 };
 
 // What making room for a new key in a bounded table did.
@@ -346,26 +348,32 @@ class CpuTable final : public Table {
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(values);
     EvictedWriter out(evicted, value_bytes_);
-    Status result = WriteBatch(
-        plan, n, runner,
-        [&](WritePass& pass, Shard& shard, uint32_t i, int64_t rows_left, bool defer) {
-          const uint64_t hash = plan.hashes[i];
-          const char* value = src + i * value_bytes_;
-          const uint64_t pos = FindPosition(shard, hash, in[i]);
-          const uint64_t slot = shard.slots[pos];
-          if (!SlotEmpty(slot)) {
-            char* r = shard.rows.Row(SlotRow(slot));
-            std::memcpy(r + value_offset_, value, value_bytes_);
-            const uint64_t old = AtomicLoadScore(r + score_offset_);
-            Rescore(pass.shard, SlotRow(slot), old, ctx.Score(i, true, old), age_base + i);
-            ++pass.pc.updates;
-            return RowResult{};
-          }
-          if (defer) return RowResult{Status::Ok(), true};
-          return RowResult{InsertNew(pass, rows_left, hash, in[i], pos, value,
-                                     ctx.Score(i, false, 0), age_base + i, &out),
-                           false};
-        });
+    Status result = WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard,
+                                                    const uint32_t* idx, int64_t count,
+                                                    DeferredRows* deferred) {
+      Status status;
+      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
+        if (!status.ok()) return;
+        const uint32_t i = idx[p];
+        const uint64_t hash = plan.hashes[i];
+        const char* value = src + i * value_bytes_;
+        const uint64_t pos = FindPosition(shard, hash, in[i]);
+        const uint64_t slot = shard.slots[pos];
+        if (!SlotEmpty(slot)) {
+          char* r = shard.rows.Row(SlotRow(slot));
+          std::memcpy(r + value_offset_, value, value_bytes_);
+          const uint64_t old = AtomicLoadScore(r + score_offset_);
+          Rescore(pass.shard, SlotRow(slot), r, old, ctx.Score(i, true, old), age_base + i);
+          ++pass.pc.updates;
+        } else if (deferred != nullptr) {
+          deferred->Add(i);
+        } else {
+          InsertNew(pass, count - p, hash, in[i], pos, value, ctx.Score(i, false, 0),
+                    age_base + i, &out, &status);
+        }
+      });
+      return status;
+    });
     if (evicted != nullptr) evicted->count = out.count();
     return result;
   }
@@ -382,31 +390,35 @@ class CpuTable final : public Table {
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(deltas);
     EvictedWriter out(nullptr, value_bytes_);
-    return WriteBatch(
-        plan, n, runner,
-        [&](WritePass& pass, Shard& shard, uint32_t i, int64_t rows_left, bool defer) {
-          const uint64_t hash = plan.hashes[i];
-          const char* delta = src + i * value_bytes_;
-          const uint64_t pos = FindPosition(shard, hash, in[i]);
-          const uint64_t slot = shard.slots[pos];
-          if (!SlotEmpty(slot)) {
-            if (exists[i]) {
-              char* r = shard.rows.Row(SlotRow(slot));
-              add_row_(r + value_offset_, delta, options_.dim);
-              const uint64_t old = AtomicLoadScore(r + score_offset_);
-              Rescore(pass.shard, SlotRow(slot), old, ctx.Score(i, true, old), age_base + i);
-              ++pass.pc.updates;
-            }
-            return RowResult{};
+    return WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard, const uint32_t* idx,
+                                           int64_t count, DeferredRows* deferred) {
+      Status status;
+      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
+        if (!status.ok()) return;
+        const uint32_t i = idx[p];
+        const uint64_t hash = plan.hashes[i];
+        const char* delta = src + i * value_bytes_;
+        const uint64_t pos = FindPosition(shard, hash, in[i]);
+        const uint64_t slot = shard.slots[pos];
+        if (!SlotEmpty(slot)) {
+          if (exists[i]) {
+            char* r = shard.rows.Row(SlotRow(slot));
+            add_row_(r + value_offset_, delta, options_.dim);
+            const uint64_t old = AtomicLoadScore(r + score_offset_);
+            Rescore(pass.shard, SlotRow(slot), r, old, ctx.Score(i, true, old), age_base + i);
+            ++pass.pc.updates;
           }
+        } else if (deferred != nullptr) {
           // Absent: deferred whatever exists[i] says, so that all rows of a
           // key stay in one round, in batch order.
-          if (defer) return RowResult{Status::Ok(), true};
-          if (exists[i]) return RowResult{};
-          return RowResult{InsertNew(pass, rows_left, hash, in[i], pos, delta,
-                                     ctx.Score(i, false, 0), age_base + i, &out),
-                           false};
-        });
+          deferred->Add(i);
+        } else if (!exists[i]) {
+          InsertNew(pass, count - p, hash, in[i], pos, delta, ctx.Score(i, false, 0),
+                    age_base + i, &out, &status);
+        }
+      });
+      return status;
+    });
   }
 
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
@@ -544,13 +556,15 @@ class CpuTable final : public Table {
   // ExportChunks of a bounded table: oldest write first over the whole table,
   // as Export, so that a file load gives the rows ages in the same relative
   // order and the loaded table breaks score ties as the saved one would. The
-  // order is taken shard by shard (16 bytes per key, no values); then each
-  // chunk's rows are copied under their shard's lock, one shard at a time.
-  // A row freed since (or released by a Clear) is skipped; one reused since
-  // is written with its new content -- as for any entry written concurrently.
+  // order is taken shard by shard (24 bytes per key, no values); then each
+  // chunk's rows are copied under their shard's lock, one shard at a time,
+  // with their content at that moment. A row that no longer holds the key it
+  // held in the snapshot (freed, released by a Clear, or reused by another
+  // key) is skipped, so no key is written twice even if it moved meanwhile.
   Status ExportChunksOldestFirst(int64_t chunk_rows, const ChunkSink& sink) {
     struct Ref {
       uint64_t age;
+      uint64_t hash;  // the key's: tells whether the row still holds it
       uint32_t row;
       uint32_t shard;
       bool operator<(const Ref& o) const { return age < o.age; }
@@ -562,8 +576,9 @@ class CpuTable final : public Table {
       for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
         const uint64_t slot = shard.slots[pos];
         if (SlotEmpty(slot)) continue;
+        const char* r = shard.rows.Row(SlotRow(slot));
         order.push_back(
-            Ref{Age(shard.rows.Row(SlotRow(slot))), SlotRow(slot), static_cast<uint32_t>(s)});
+            Ref{Age(r), HashKey(Traits::View(r)), SlotRow(slot), static_cast<uint32_t>(s)});
       }
     }
     std::sort(order.begin(), order.end());
@@ -585,11 +600,12 @@ class CpuTable final : public Table {
         std::shared_lock<std::shared_mutex> lock(shards_[s].mu);
         for (; j < m && chunk[by_shard[j]].shard == s; ++j) {
           const uint32_t c = by_shard[j];
-          // A Clear since the snapshot released the rows.
-          copied[c] = shards_[s].rows.Contains(chunk[c].row) &&
-                      Age(shards_[s].rows.Row(chunk[c].row)) != kDeadAge;
+          // (A Clear since the snapshot released the rows: check first.)
+          const char* r = shards_[s].rows.Contains(chunk[c].row)
+                              ? shards_[s].rows.Row(chunk[c].row) : nullptr;
+          copied[c] = r != nullptr && Age(r) != kDeadAge &&
+                      HashKey(Traits::View(r)) == chunk[c].hash;
           if (!copied[c]) continue;
-          const char* r = shards_[s].rows.Row(chunk[c].row);
           key_copies[c] = *reinterpret_cast<const typename Traits::Stored*>(r);
           std::memcpy(values.data() + c * value_bytes_, r + value_offset_, value_bytes_);
           scores[c] = AtomicLoadScore(r + score_offset_);
@@ -787,10 +803,12 @@ class CpuTable final : public Table {
     }
   }
 
-  // Applies a writing batch: apply(pass, shard, i, rows_left, defer) for
-  // every batch index i, shards in parallel, each under its exclusive lock,
-  // rows of a shard in batch order. `rows_left` counts the shard's rows from
-  // this one on (MakeRoom reserves for them in bulk).
+  // Applies a writing batch: run_pass(pass, shard, idx, count, deferred) for
+  // every shard the batch touches, shards in parallel, each under its
+  // exclusive lock; run_pass applies the shard's rows idx[0 .. count) in
+  // order (the row loop is written in each operation so that it inlines).
+  // With `deferred` non-null, run_pass must defer rows whose key is absent
+  // (deferred->Add(i)) instead of applying them.
   //
   // When the batch may fill a bounded table it runs in two rounds: first the
   // rows whose key is present (apply returns deferred for the others), then
@@ -803,8 +821,8 @@ class CpuTable final : public Table {
   // evicting in parallel mostly wait for each other (2 threads: 0.5 M
   // evicting inserts/s, 1 thread: 1.2 M/s), and one thread makes the choice
   // of victims independent of thread timing.
-  template <typename Apply>
-  Status WriteBatch(const BatchPlan& plan, int64_t n, const Runner& runner, Apply&& apply) {
+  template <typename RunPass>
+  Status WriteBatch(const BatchPlan& plan, int64_t n, const Runner& runner, RunPass&& run_pass) {
     const bool two_rounds =
         bounded_ && reserved_.load(std::memory_order_relaxed) + n > options_.max_capacity;
     std::vector<uint32_t> deferred(two_rounds ? n : 0);
@@ -812,19 +830,13 @@ class CpuTable final : public Table {
     const auto round = [&](const std::array<uint32_t, kNumShards + 1>& begin,
                            const uint32_t* order, int64_t rows, bool defer, bool serial) {
       return ForEachShard(
-          begin, order, rows, runner, [&](int s, Shard& shard, const uint32_t* idx, int64_t count) {
+          begin, order, rows, runner,
+          [&](int s, Shard& shard, const uint32_t* idx, int64_t count) {
             std::unique_lock<std::shared_mutex> lock(shard.mu);
             WritePass pass(s);
-            Status status;
-            uint32_t* out = defer ? deferred.data() + begin[s] : nullptr;
-            uint32_t d = 0;
-            PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
-              if (!status.ok()) return;
-              RowResult r = apply(pass, shard, idx[p], count - p, defer);
-              if (!r.status.ok()) status = std::move(r.status);
-              if (r.deferred) out[d++] = idx[p];
-            });
-            if (defer) num_deferred[s] = d;
+            DeferredRows rows_out{defer ? deferred.data() + begin[s] : nullptr, 0};
+            Status status = run_pass(pass, shard, idx, count, defer ? &rows_out : nullptr);
+            if (defer) num_deferred[s] = rows_out.count;
             Publish(pass);
             return status;
           },
@@ -846,14 +858,16 @@ class CpuTable final : public Table {
   // Inserts `key`, absent from shard pass.shard (locked; its probe ended at
   // `pos`), with `value`, `score` and (bounded tables) `age`. In a bounded
   // table it first makes room (MakeRoom): it may evict an entry or turn the
-  // key away.
-  Status InsertNew(WritePass& pass, int64_t rows_left, uint64_t hash, In key, uint64_t pos,
-                   const char* value, uint64_t score, uint64_t age, EvictedWriter* out) {
+  // key away. Sets *status only on an error (assigning a Status per key
+  // costs more than the rest of an insert's bookkeeping).
+  void InsertNew(WritePass& pass, int64_t rows_left, uint64_t hash, In key, uint64_t pos,
+                 const char* value, uint64_t score, uint64_t age, EvictedWriter* out,
+                 Status* status) {
     Shard& shard = shards_[pass.shard];
     Room room = Room::kFree;
     if (bounded_) {
       room = MakeRoom(pass, rows_left, key, value, score, out);
-      if (room == Room::kTurnedAway) return Status::Ok();
+      if (room == Room::kTurnedAway) return;
       // Evicting from this shard shifted its slots.
       if (room == Room::kEvictedHere) pos = FindPosition(shard, hash, key);
     }
@@ -870,8 +884,9 @@ class CpuTable final : public Table {
         --pass.size_delta;
         ++pass.released;
       }
-      return Status(StatusCode::kResourceExhausted,
-                    "a table shard ran out of row indices (2^32 - 1 keys per shard)");
+      *status = Status(StatusCode::kResourceExhausted,
+                       "a table shard ran out of row indices (2^32 - 1 keys per shard)");
+      return;
     }
     char* r = shard.rows.Row(row);
     Traits::Construct(r, key);
@@ -882,23 +897,23 @@ class CpuTable final : public Table {
     ++pass.pc.inserts;
     // An eviction made room: the table's size is unchanged.
     if (room == Room::kFree) ++pass.size_delta;
-    if (bounded_) OnWrite(pass.shard, row, score, age, /*lowered=*/true);
-    return Status::Ok();
+    if (bounded_) OnWrite(pass.shard, row, r, score, age, /*lowered=*/true);
   }
 
-  // A writer changed the score of an existing row from `old` to `score`.
-  void Rescore(int s, uint32_t row, uint64_t old, uint64_t score, uint64_t age) {
-    SetScore(shards_[s].rows.Row(row), score);
+  // A writer changed the score of existing row `row` (at `r`) from `old` to
+  // `score`.
+  void Rescore(int s, uint32_t row, char* r, uint64_t old, uint64_t score, uint64_t age) {
+    SetScore(r, score);
     // A rising (score, age) leaves the row's heap entry valid as a lower
     // bound (it is re-pushed lazily); a lowered score needs an entry.
-    if (bounded_) OnWrite(s, row, score, age, /*lowered=*/score < old);
+    if (bounded_) OnWrite(s, row, r, score, age, /*lowered=*/score < old);
   }
 
   // A bounded shard's row was written with `score` at `age`. If its (score,
   // age) is new or lower, the heap and the shard's hint learn of it.
-  void OnWrite(int s, uint32_t row, uint64_t score, uint64_t age, bool lowered) {
+  void OnWrite(int s, uint32_t row, char* r, uint64_t score, uint64_t age, bool lowered) {
     Shard& shard = shards_[s];
-    SetAge(shard.rows.Row(row), age);
+    SetAge(r, age);
     if (!lowered) return;
     if (RankKey{score, age} < Hint(s)) SetHint(s, RankKey{score, age});
     if (!shard.heap_built) return;  // BuildHeap will read the row
@@ -1063,8 +1078,9 @@ class CpuTable final : public Table {
   // evicted and reported, or, if the new key's own score is lower, the key is
   // turned away and reported instead (a tie evicts the stored entry: it is
   // older).
-  Room MakeRoom(WritePass& pass, int64_t rows_left, In key, const char* value, uint64_t score,
-                EvictedWriter* out) {
+  // Out of line: the insert loop stays small for unbounded tables.
+  __attribute__((noinline)) Room MakeRoom(WritePass& pass, int64_t rows_left, In key,
+                                          const char* value, uint64_t score, EvictedWriter* out) {
     for (int attempt = 0;; ++attempt) {
       if (pass.stash == 0) pass.stash = TryReserve(rows_left);
       if (pass.stash > 0) {
