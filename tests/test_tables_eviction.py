@@ -289,6 +289,17 @@ def test_customized_without_scores_or_gen_scores_fn():
 # ----------------------------------------------------------------------------------------
 
 
+def test_restore_into_a_smaller_table_keeps_the_highest_scores(tmp_path):
+    saved = hkv(max_capacity=10, strategy=S.CUSTOMIZED)
+    saved.insert(np.arange(10), np.arange(10, dtype=np.float32),
+                 scores=[5, 1, 9, 3, 7, 2, 8, 0, 6, 4])
+    prefix = tf.train.Checkpoint(table=saved).save(str(tmp_path / "ckpt"))
+    smaller = hkv(max_capacity=4, strategy=S.CUSTOMIZED)
+    tf.train.Checkpoint(table=smaller).restore(prefix)
+    assert content(smaller) == {2: ((2.0,), 9), 6: ((6.0,), 8), 4: ((4.0,), 7), 8: ((8.0,), 6)}
+    assert stats_of(smaller)["evictions"] == 6
+
+
 @pytest.mark.parametrize("strategy", [S.LRU, S.LFU, S.EPOCHLRU, S.CUSTOMIZED], ids=str)
 def test_restored_table_evicts_the_same_keys(tmp_path, strategy):
     rng = rng_for("restore_evicts", strategy)
