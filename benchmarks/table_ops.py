@@ -37,6 +37,11 @@ Then, for `de.HashTable` only:
   new table can reuse pages that were resident before it was created, and the RSS
   delta comes out too small.
 
+* bounded: a `de.HkvHashTable` (LRU) of `max_capacity` = `--keys` at dim 8: insert of
+  `--keys` new keys below max_capacity, then of `--keys` more into the full table, each
+  of which evicts the entry of lowest score (`--no-bounded` skips it). No target: the
+  ratio shows what eviction costs.
+
 Targets (PASS/FAIL): lookup >= 0.8 x gather at every dim; insert (new keys) and
 upsert >= 10 x TFRA and >= DenseHashTable; growth ratio <= 2; bytes/key <= 1.3 x
 payload. Results go to a JSON file (machine, TF version, load average, figures).
@@ -298,6 +303,34 @@ def bench_table(impl: Impl, key_batches, value_batches, query_batches, repeats: 
     return result
 
 
+def bench_bounded(tf, de, n: int, batch: int, repeats: int, seed: int) -> dict:
+    """keys/s of inserting n new keys into an LRU HkvHashTable of max_capacity n (dim 8),
+    then n more new keys into the full table (each evicts one); a fresh table per pass."""
+    dim = 8
+    fill = [tf.constant(b) for b in split(random_keys(n, seed + 100), batch)]
+    values = [tf.zeros([int(k.shape[0]), dim], tf.float32) for k in fill]
+    fill_passes, evict_passes = [], []
+    for r in range(repeats + 1):  # the first pass warms up
+        table = de.HkvHashTable(tf.int64, tf.float32, [0.0] * dim, init_capacity=n,
+                                max_capacity=n, checkpoint=False)
+        insert_fn = Impl(tf, dim).functions(table)[0]
+        more = [tf.constant(b) for b in split(random_keys(n, seed + 101 + r), batch)]
+        fill_pass = timed_pass(insert_fn, list(zip(fill, values)))
+        evict_pass = timed_pass(insert_fn, list(zip(more, values)))
+        stats = {k: int(v.numpy()) for k, v in table.stats().items() if k != "load_factor"}
+        if stats["size"] != n or stats["evictions"] != n:
+            raise RuntimeError(f"HkvHashTable: size {stats['size']}, evictions "
+                               f"{stats['evictions']} after 2 x {n} keys into {n}")
+        if r > 0:
+            fill_passes.append(fill_pass)
+            evict_passes.append(evict_pass)
+        del table, insert_fn, more
+        release_freed_memory()
+    result = summarize(n, "insert_below_max", fill_passes)
+    result.update(summarize(n, "insert_full_evicting", evict_passes))
+    return result
+
+
 def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
     """keys/s of tf.gather of random rows (the same batch size) from a [n, dim] Variable."""
     rng = np.random.default_rng(seed)
@@ -532,6 +565,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timed passes; the best counts")
     p.add_argument("--no-tfra", action="store_true", help="skip TFRA even if installed")
     p.add_argument("--no-dense-hash-table", action="store_true", help="skip DenseHashTable")
+    p.add_argument("--no-bounded", action="store_true",
+                   help="skip the bounded (HkvHashTable, evicting) measurement")
     p.add_argument("--thread-scaling", nargs="?", const="1,2", default=None, metavar="LIST",
                    help="also run the throughput part at these intra-op thread counts "
                         "(one child process each; default list 1,2)")
@@ -677,6 +712,17 @@ def main(argv=None):
         print_dim(dim, res)
         del value_batches
         release_freed_memory()
+
+    # ---- bounded table: below max_capacity, then full (every insert evicts) ----
+    if not args.no_bounded:
+        print(f"  bounded: HkvHashTable, max_capacity {args.keys}, dim 8 ...", flush=True)
+        bounded = bench_bounded(tf, de, args.keys, args.batch, args.repeats, args.seed)
+        results["bounded"] = bounded
+        print(f"\n== bounded HkvHashTable (LRU), max_capacity {args.keys}, dim 8: Mkeys/s ==\n"
+              f"insert, below max_capacity  {mkeys(bounded['insert_below_max']):>8s}\n"
+              f"insert into the full table  {mkeys(bounded['insert_full_evicting']):>8s}"
+              f" ({bounded['insert_full_evicting'] / bounded['insert_below_max']:.2f}x the rate "
+              "below max_capacity; each insert evicts the lowest score)")
 
     # ---- growth and memory (ours), one fresh child process per dim ----
     if args.growth_keys % args.batch:

@@ -180,6 +180,18 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         del keys
         return None
 
+    def _insert_inputs(
+        self, keys: TensorLike, values: TensorLike, scores: Optional[TensorLike]
+    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The converted inputs of `insert` / `insert_and_evict`; scores `[0]` means
+        "assigned by the table"."""
+        keys = convert(keys, self._key_dtype, "keys")
+        values = convert(values, self._value_dtype, "values")
+        if scores is None:
+            scores = self._default_scores(keys)
+        scores = tf.zeros([0], tf.int64) if scores is None else convert_scores(scores)
+        return keys, values, scores
+
     def insert(
         self,
         keys: TensorLike,
@@ -190,7 +202,8 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         """Upserts: new keys are inserted, existing keys overwritten.
 
         Duplicate keys in one batch behave as if the rows were inserted in order (the
-        last one wins).
+        last one wins). In a full `HkvHashTable`, new keys evict the lowest-score
+        entries (see `insert_and_evict`).
 
         Args:
           keys: keys of any shape, of the table's key dtype.
@@ -206,16 +219,60 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
           TypeError: `keys`, `values` or `scores` have the wrong dtype.
           tf.errors.InvalidArgumentError / ValueError: `values` or `scores` have the
             wrong shape (the message contains "Expected shape").
+          ValueError: a CUSTOMIZED `HkvHashTable` without `gen_scores_fn` got no
+            `scores`.
         """
-        keys = convert(keys, self._key_dtype, "keys")
-        values = convert(values, self._value_dtype, "values")
-        if scores is None:
-            scores = self._default_scores(keys)
-        scores = (
-            tf.zeros([0], tf.int64) if scores is None else convert_scores(scores)
-        )
+        keys, values, scores = self._insert_inputs(keys, values, scores)
         with tf.name_scope(name or f"{self._name}_insert"), self._placement():
             return _gen_ops().dynemb_table_insert(self.resource_handle, keys, values, scores)
+
+    def insert_and_evict(
+        self,
+        keys: TensorLike,
+        values: TensorLike,
+        scores: Optional[TensorLike] = None,
+        name: Optional[str] = None,
+    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`insert`, returning what it evicted to stay within `max_capacity`.
+
+        When the table is full, each new key evicts the entry with the lowest score in
+        the table (among equal scores, the one written longest ago), or, if its own
+        score is lower than every stored score, is itself not inserted. Both are
+        returned. Below `max_capacity` nothing is evicted. An unbounded `HashTable`
+        never evicts and returns empty tensors.
+
+        Args:
+          keys: keys of any shape, of the table's key dtype.
+          values: values of shape `keys.shape + value_shape`.
+          scores: optional int64 scores of shape `keys.shape` (as for `insert`).
+          name: a name for the operation.
+
+        Returns:
+          `(evicted_keys [m], evicted_values [m] + value_shape, evicted_scores int64
+          [m])`, `m <= keys.size`, in unspecified order: the stored entries the batch
+          evicted (with the values and scores they had) and the new keys it turned
+          away (with the values and scores they were given).
+
+        Raises:
+          The same errors as `insert`.
+
+        Example:
+
+        >>> import tensorflow as tf
+        >>> import tensorflow_dynemb as de
+        >>> table = de.HkvHashTable(tf.int64, tf.float32, 0.0, init_capacity=2,
+        ...                         max_capacity=2, evict_strategy="customized")
+        >>> table.insert([1, 2], [1.0, 2.0], scores=[10, 20])
+        >>> keys, values, scores = table.insert_and_evict([3], [3.0], scores=[30])
+        >>> keys.numpy(), values.numpy(), scores.numpy()
+        (array([1]), array([1.], dtype=float32), array([10]))
+        """
+        keys, values, scores = self._insert_inputs(keys, values, scores)
+        with tf.name_scope(name or f"{self._name}_insert_and_evict"), self._placement():
+            evicted = _gen_ops().dynemb_table_insert_and_evict(
+                self.resource_handle, keys, values, scores
+            )
+        return tuple(evicted)
 
     def lookup(
         self,
@@ -333,6 +390,25 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         """
         with tf.name_scope(name or f"{self._name}_size"), self._placement():
             return _gen_ops().dynemb_table_size(self.resource_handle)
+
+    def stats(self, name: Optional[str] = None) -> Dict[str, tf.Tensor]:
+        """Scalars describing the table.
+
+        Args:
+          name: a name for the operation.
+
+        Returns:
+          A dict of scalar tensors: `size`; `capacity` (keys the table holds before
+          it grows; an `HkvHashTable`'s grows up to `max_capacity`); `max_capacity`
+          (0 for a `HashTable`); `load_factor` (float32, `size / capacity`); and
+          counters since the table was created (`clear` does not reset them):
+          `inserts` (rows that created a key), `lookups` (keys looked up), `misses`
+          (keys looked up and absent), `evictions` (what `insert_and_evict` returns:
+          entries evicted and new keys turned away, also by `insert` and `accum`).
+          All int64 but `load_factor`.
+        """
+        with tf.name_scope(name or f"{self._name}_stats"), self._placement():
+            return _gen_ops().dynemb_table_stats(self.resource_handle)._asdict()
 
     def export_with_scores(self, name: Optional[str] = None):
         """Every entry, in unspecified order, with its score.
@@ -596,8 +672,9 @@ class HkvEvictStrategy(enum.IntEnum):
     LFU: how often the key was inserted or accumulated.
     EPOCHLRU / EPOCHLFU: the epoch (advanced every `step_per_epoch` insert calls) in the
     high 32 bits, LRU / LFU in the low bits.
-    CUSTOMIZED: given by the caller (`scores=` or `gen_scores_fn(keys)`); a new key
-    inserted without a score gets 0, an existing one keeps its score.
+    CUSTOMIZED: given by the caller: `insert` needs `scores=` or the config's
+    `gen_scores_fn(keys)` (else `ValueError`). `accum` takes no scores: a key it
+    inserts gets 0, a key it updates keeps its score.
     """
 
     LRU = 0
@@ -659,6 +736,21 @@ class HkvHashTableConfig:
     reserved_key_start_bit: int = 0
 
     def __post_init__(self):
+        self.init_capacity = check_int(
+            self.init_capacity, "HkvHashTableConfig.init_capacity", 1
+        )
+        self.max_capacity = check_int(self.max_capacity, "HkvHashTableConfig.max_capacity", 1)
+        if self.init_capacity > self.max_capacity:
+            raise ValueError(
+                "`HkvHashTableConfig.init_capacity` must be <= `max_capacity`, got "
+                f"init_capacity={self.init_capacity}, max_capacity={self.max_capacity}."
+            )
+        self.max_hbm_for_values = check_int(
+            self.max_hbm_for_values, "HkvHashTableConfig.max_hbm_for_values", 0
+        )
+        self.step_per_epoch = check_int(
+            self.step_per_epoch, "HkvHashTableConfig.step_per_epoch", 0
+        )
         self.evict_strategy = HkvEvictStrategy.coerce(
             self.evict_strategy, "HkvHashTableConfig.evict_strategy"
         )
@@ -672,14 +764,15 @@ class HkvHashTableConfig:
 class HkvHashTable(_DynembTable):
     """A bounded hash table with cache semantics (HierarchicalKV's API, on CPU too).
 
-    It holds at most `max_capacity` keys; when full, an insert evicts the entries with
-    the lowest score, scored by `config.evict_strategy` (see `HkvEvictStrategy`).
-    Every entry carries an int64 score, which `export_with_scores`, `import_` and
-    checkpoints carry along. Otherwise it behaves exactly like `HashTable`.
-
-    Note: eviction at `max_capacity` is implemented by the core table, not here; a core
-    built before bounded tables were finished stores keys beyond `max_capacity` instead
-    of evicting them. Scores are maintained either way.
+    It holds at most `max_capacity` keys. Below that, nothing is evicted; when full,
+    each new key (from `insert`, `insert_and_evict`, `accum` or `import_`) evicts the
+    entry with the lowest score in the table, scored by `config.evict_strategy` (see
+    `HkvEvictStrategy`; among equal scores, the entry written longest ago), or is
+    itself not inserted if its own score is lower still.
+    `insert_and_evict` returns what was evicted. Every entry carries an int64 score,
+    which `export_with_scores`, `import_` and checkpoints carry along, so a restored
+    table goes on evicting as the saved one would have. Otherwise it behaves exactly
+    like `HashTable`.
 
     Example:
 
@@ -801,6 +894,13 @@ class HkvHashTable(_DynembTable):
         return self._max_hbm_for_values
 
     def _default_scores(self, keys: tf.Tensor) -> Optional[tf.Tensor]:
-        if self._evict_strategy == HkvEvictStrategy.CUSTOMIZED and self._gen_scores_fn:
-            return convert_scores(self._gen_scores_fn(keys), "scores returned by gen_scores_fn")
-        return None
+        if self._evict_strategy != HkvEvictStrategy.CUSTOMIZED:
+            return None
+        if self._gen_scores_fn is None:
+            # Without scores every new key would get 0: the lowest, first to go.
+            raise ValueError(
+                f"HkvHashTable {self._name!r} uses evict_strategy CUSTOMIZED, which needs "
+                "scores= or gen_scores_fn: insert got scores=None and the table has no "
+                "gen_scores_fn."
+            )
+        return convert_scores(self._gen_scores_fn(keys), "scores returned by gen_scores_fn")

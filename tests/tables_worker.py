@@ -109,6 +109,38 @@ def graph_hkv_string_keys(workdir):
 
 
 @scenario
+def graph_eviction_and_stats(workdir):
+    import tensorflow_dynemb as de
+
+    result = {}
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        config = de.HkvHashTableConfig(
+            init_capacity=3, max_capacity=3, evict_strategy=de.HkvEvictStrategy.CUSTOMIZED
+        )
+        table = de.HkvHashTable(tf.int64, tf.float32, [0.0, 0.0], config=config)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        values = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        scores = tf.compat.v1.placeholder(tf.int64, [None])
+        evict = table.insert_and_evict(keys, values, scores=scores)
+        stats = table.stats()
+        result["first"] = sess.run(
+            evict, {keys: [1, 2, 3], values: [[1, 1], [2, 2], [3, 3]], scores: [10, 20, 30]}
+        )
+        sess.run(table.lookup(tf.constant([3, 9], tf.int64)))
+        k, v, s = sess.run(evict, {keys: [4, 5], values: [[4, 4], [5, 5]], scores: [40, 50]})
+        order = np.argsort(k)
+        result["evicted"] = [k[order], v[order], s[order]]
+        result["size"] = sess.run(table.size())
+        result["stats"] = sess.run(stats)
+        try:
+            table.insert([7], [[7.0, 7.0]])
+            result["customized_without_scores"] = "no error"
+        except ValueError as e:
+            result["customized_without_scores"] = f"ValueError: {e}"
+    return result
+
+
+@scenario
 def graph_tables_with_default_names_are_distinct(workdir):
     import tensorflow_dynemb as de
 

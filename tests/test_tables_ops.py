@@ -397,7 +397,7 @@ def test_customized_scores_given(key_dtype):
     assert got == dict(zip(keys.tolist(), [5, 6, 30, 20]))
 
 
-def test_customized_without_scores_new_key_zero_existing_kept():
+def test_customized_insert_needs_scores_accum_keeps_them():
     table = de.HkvHashTable(
         tf.int64,
         tf.float32,
@@ -407,7 +407,14 @@ def test_customized_without_scores_new_key_zero_existing_kept():
         evict_strategy=de.HkvEvictStrategy.CUSTOMIZED,
     )
     table.insert([1, 2], [1.0, 2.0], scores=[100, 200])
-    table.insert([2, 3], [2.5, 3.0])
+    # Without scores every new key would rank lowest: insert refuses, naming the fix.
+    with pytest.raises(ValueError, match=r"CUSTOMIZED.*scores=.*gen_scores_fn"):
+        table.insert([2, 3], [2.5, 3.0])
+    with pytest.raises(ValueError, match=r"CUSTOMIZED.*scores=.*gen_scores_fn"):
+        table.insert_and_evict([3], [3.0])
+    assert scores_of(table) == {1: 100, 2: 200}
+    # accum takes no scores: an updated key keeps its score, an inserted one gets 0.
+    table.accum([2, 3], [0.5, 3.0], [True, False])
     assert scores_of(table) == {1: 100, 2: 200, 3: 0}
 
 
@@ -502,7 +509,8 @@ def test_every_strategy_creates_a_working_table(strategy, op_value):
         config=de.HkvHashTableConfig(init_capacity=8, max_capacity=32, evict_strategy=strategy),
     )
     assert table.evict_strategy is strategy
-    table.insert(["a", "b"], [[1], [2]])
+    scores = [5, 6] if strategy == de.HkvEvictStrategy.CUSTOMIZED else None
+    table.insert(["a", "b"], [[1], [2]], scores=scores)
     np.testing.assert_array_equal(table.lookup(["b", "c"]).numpy(), [[2], [-1]])
 
 

@@ -403,7 +403,8 @@ py::array WrapBuffer(std::vector<uint8_t>* buffer, const py::dtype& dtype,
 }
 
 // ---------------------------------------------------------------------------
-// Export into heap buffers (the sink runs with the GIL released).
+// Export (and evicted entries) into heap buffers; the core fills them with
+// the GIL released.
 // ---------------------------------------------------------------------------
 class BufferExportSink : public ExportSink {
  public:
@@ -431,6 +432,24 @@ class BufferExportSink : public ExportSink {
 
   void SetStringKey(int64_t i, std::string_view key) override {
     if (i >= 0 && i < n_) strings_[static_cast<size_t>(i)].assign(key.data(), key.size());
+  }
+
+  // Buffers of n rows for InsertAndEvict; Shrink(count) afterwards.
+  EvictedEntries AllocateEvicted(int64_t n) {
+    EvictedEntries out;
+    Allocate(n, &out.keys, &out.values, &out.scores);
+    if (options_.key_type == KeyType::kString) {
+      out.string_key = [this](int64_t i, std::string_view key) { SetStringKey(i, key); };
+    }
+    return out;
+  }
+
+  // Keeps the first m rows (the buffers stay allocated; the arrays view m rows).
+  void Shrink(int64_t m) {
+    if (m >= 0 && m < n_) {
+      n_ = m;
+      strings_.resize(static_cast<size_t>(m));
+    }
   }
 
   // (keys, values, scores) as NumPy arrays; call with the GIL held.
@@ -598,23 +617,15 @@ class PyTable {
 
   void Insert(const py::handle& keys_obj, const py::handle& values_obj,
               const py::handle& scores_obj) {
-    KeyBatch keys = ToKeyBatch(options(), keys_obj);
-    py::array values = ToValueArray(options(), values_obj, "values");
-    CheckRowsShape(values, keys, options().dim, "values");
-    // (A default-constructed py::array is an empty array, not a null handle.)
-    py::object scores = py::none();
-    const uint64_t* scores_ptr = nullptr;
-    if (!scores_obj.is_none()) {
-      py::array a = ToScores(scores_obj, keys);
-      scores_ptr = static_cast<const uint64_t*>(a.data());
-      scores = std::move(a);
-    }
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = table_->Insert(keys.data(), keys.n, values.data(), scores_ptr, *runner_);
-    }
-    ThrowIfError(status);
+    RunInsert(keys_obj, values_obj, scores_obj, nullptr);
+  }
+
+  // Returns the evicted (keys [m], values [m, dim], scores uint64 [m]).
+  py::tuple InsertAndEvict(const py::handle& keys_obj, const py::handle& values_obj,
+                           const py::handle& scores_obj) {
+    BufferExportSink sink(options());
+    RunInsert(keys_obj, values_obj, scores_obj, &sink);
+    return sink.Result();
   }
 
   py::tuple Find(const py::handle& keys_obj, const py::handle& default_obj) {
@@ -749,6 +760,40 @@ class PyTable {
 
   int num_threads() const { return num_threads_; }
 
+ private:
+  // Converts insert's arguments and runs the core insert; with `evicted`,
+  // the entries the batch evicted are written into it.
+  void RunInsert(const py::handle& keys_obj, const py::handle& values_obj,
+                 const py::handle& scores_obj, BufferExportSink* evicted) {
+    KeyBatch keys = ToKeyBatch(options(), keys_obj);
+    py::array values = ToValueArray(options(), values_obj, "values");
+    CheckRowsShape(values, keys, options().dim, "values");
+    // (A default-constructed py::array is an empty array, not a null handle.)
+    py::object scores = py::none();
+    const uint64_t* scores_ptr = nullptr;
+    if (!scores_obj.is_none()) {
+      py::array a = ToScores(scores_obj, keys);
+      scores_ptr = static_cast<const uint64_t*>(a.data());
+      scores = std::move(a);
+    }
+    Status status;
+    {
+      py::gil_scoped_release release;
+      if (evicted == nullptr) {
+        status = table_->Insert(keys.data(), keys.n, values.data(), scores_ptr, *runner_);
+      } else {
+        // A batch of n rows evicts at most n entries.
+        EvictedEntries out = evicted->AllocateEvicted(keys.n);
+        status = table_->InsertAndEvict(keys.data(), keys.n, values.data(), scores_ptr, &out,
+                                        *runner_);
+        evicted->Shrink(out.count);
+      }
+    }
+    ThrowIfError(status);
+  }
+
+ public:
+
   std::string ReprString() const {
     const TableOptions& o = options();
     return std::string("<_core.Table key_dtype=") + KeyTypeName(o.key_type) +
@@ -807,6 +852,12 @@ Every method releases the GIL while the core runs; the table is thread-safe.
            py::arg("scores") = py::none(),
            "Upserts rows: values has shape keys.shape + (dim,) or (n, dim); scores "
            "(optional, non-negative ints of keys' size) set each row's score.")
+      .def("insert_and_evict", &PyTable::InsertAndEvict, py::arg("keys"), py::arg("values"),
+           py::arg("scores") = py::none(),
+           "insert, returning what it evicted to stay within max_capacity: (keys [m], "
+           "values [m, dim], scores uint64 [m]), m <= len(keys), in unspecified order. "
+           "It holds the stored entries evicted and the new keys turned away because "
+           "their score was below every stored score.")
       .def("find", &PyTable::Find, py::arg("keys"), py::arg("default") = py::none(),
            "Returns (values of shape keys.shape + (dim,), exists of shape keys.shape). "
            "Missing keys read `default`: a scalar, a (dim,) row, or one row per key "
@@ -821,7 +872,8 @@ Every method releases the GIL while the core runs; the table is thread-safe.
       .def("capacity", &PyTable::Capacity)
       .def("memory_bytes", &PyTable::MemoryBytes)
       .def("counters", &PyTable::Counters,
-           "Monotonic counters: inserts, updates, lookups, misses, removes, evictions.")
+           "Monotonic counters: inserts, updates, lookups, misses, removes, evictions "
+           "(entries insert_and_evict reports, also when insert or accum evicted them).")
       .def("export", &PyTable::Export,
            "Returns (keys [n], values [n, dim], scores uint64 [n]) in unspecified order; "
            "string keys are a NumPy object array of bytes.")

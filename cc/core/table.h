@@ -32,9 +32,10 @@
 //       growth and deletion never read rows, and keys are compared only when
 //       the 32 bits match. Deletion is by backward shift, so there are no
 //       tombstones and no key value has to be reserved.
-//     - a row slab: rows of [key | score | values] in chunks (no allocation
-//       per key). Rows never move, so growing the slot array rehashes only
-//       8-byte slots, never values; freed rows go to a free list.
+//     - a row slab: rows of [key | score | values] ([key | score | age |
+//       values] in bounded tables) in chunks (no allocation per key). Rows
+//       never move, so growing the slot array rehashes only 8-byte slots,
+//       never values; freed rows go to a free list.
 //   Growth doubles one shard's slot array when it passes 3/4 load. Shards grow
 //   independently, so a rehash stalls 1/kNumShards of the table briefly.
 //
@@ -45,10 +46,77 @@
 //   key's rows in batch order), then shards are processed in parallel with one
 //   lock acquisition per shard per batch, prefetching slots ahead of use.
 //   Score updates made by Find (LRU strategies) are relaxed atomic stores.
+//   A writer holds one shard's lock, plus, while evicting, at most two more
+//   (the best victim's shard and the one it is looking at). It blocks only on
+//   a shard of higher index than every lock it holds, and only tries lower
+//   ones; whole-table operations (Export, Clear) lock all shards ascending.
+//   So the lock order is global and nothing can deadlock.
 //
-// Bounded tables
-//   TableOptions::max_capacity > 0 bounds the number of keys. The score is
-//   in every row from the start, so eviction by score needs no layout change.
+// Bounded tables (max_capacity > 0; HKV's cache semantics)
+//   Size. A global budget counter `reserved` (keys + units reserved by passes
+//   in flight) never exceeds max_capacity: a pass takes a unit before it
+//   inserts a new key (in bulk, up to 1/8 of what is free, and returns what
+//   it did not use when it ends), so even concurrent writers cannot overshoot.
+//   Size() is a counter each pass publishes when it ends, so it never counts
+//   a key that is not covered by the budget: Size() <= max_capacity, always.
+//   Below max_capacity nothing is evicted (exactly so for batches applied by
+//   one thread; concurrent passes may briefly hold budget another one needs).
+//
+//   Which entry goes. Entries rank by (score, age): the age is when the row
+//   was last written (inserted, overwritten, accumulated; a Find refreshing
+//   an LRU score does not count), counted in rows written to the table, so it
+//   orders rows across shards and within a batch. When the budget is
+//   exhausted each new key evicts the lowest-ranked entry of the whole table,
+//   or is itself turned away if its own score is lower still (on equal
+//   scores the stored entry goes: it is older). Breaking score ties by age
+//   matters: under LFU many keys tie at count 1, and with a fixed order (say,
+//   by hash) the same keys would always lose the tie and never stay long
+//   enough to be counted up.
+//
+//   Only evicting inside the inserting key's shard would be cheap but wrong:
+//   shard sizes are random, so a shard that receives more new keys than it
+//   holds old ones would evict recent keys (simulated, LRU, 2 x max_capacity
+//   keys inserted: ~12% of the most recent max_capacity keys lost at 4K keys,
+//   ~3% at 64K). A full scan per insert is exact but O(size). Instead:
+//     - each shard keeps a lazy min-heap of (score, age, row), built the
+//       first time the shard is asked for a victim. Outside the writer's lock
+//       scores only rise (Find refreshing LRU scores); a write makes the age
+//       newer, and one that lowers a score pushes a fresh entry. So every live
+//       row has an entry at or below its rank, and popping dead rows (age =
+//       all ones once freed) and re-pushing moved ones brings the true
+//       minimum to the top (ValidateTop). The heap is rebuilt when stale
+//       entries exceed one per key: 24 bytes per entry, ~1-2 per key.
+//     - each shard publishes a hint, a lower bound of its minimum rank (the
+//       heap top, or the lowest rank written since), read without locks.
+//     - FindVictim validates the inserting shard's top; the pass keeps the
+//       other shards in a priority queue by hint, and locks and validates the
+//       queue's top shard (its key becomes exact and goes back) until the best
+//       entry found ranks at or below every key left: that entry is the global
+//       minimum. The pass only raises other shards' minimums (by evicting), so
+//       the queue stays a set of lower bounds for the whole pass and a row
+//       validates one or two shards: O(log 256), not a scan.
+//   Ages are unique, so the victim is determined by keys, scores and the
+//   order of writes. Export (which checkpoints use) and ExportChunks (file
+//   saves) emit a bounded table oldest write first, so importing or loading
+//   them gives the rows ages in the same relative order: a restored table
+//   evicts exactly what the saved one would have. Only batches written by
+//   several threads at once make the choice depend on timing; and a
+//   lower-index shard that is busy (try-lock fails) is skipped, so eviction
+//   is approximate under contention. Rows cost 8 bytes more (the age).
+//
+//   Batches. A batch that may fill the table (reserved + n > max_capacity)
+//   runs in two rounds: rows of keys already present first (updated and
+//   rescored, shards in parallel), then the rows of absent keys, on one
+//   thread (evictions lock the shard holding the minimum: parallel threads
+//   would mostly wait for each other, 2.4x slower on 2 threads). A key is
+//   absent for all its rows or present for all in round one, so its rows
+//   still apply in batch order; and the batch's new keys do not evict the
+//   keys it updates unless those still rank lowest. Under LRU a batch's keys carry the newest clock value,
+//   so they are the last candidates, evicted only if the batch alone exceeds
+//   max_capacity. Each row that needs room evicts or is turned away once, so
+//   a batch of n rows evicts at most n entries (InsertAndEvict reports them).
+//   Evicted rows return to their shard's row free list and the budget stays
+//   put, so memory stays bounded.
 //
 // GPU
 //   The Table interface below takes raw pointers plus a Runner; a CUDA table
@@ -235,6 +303,21 @@ class ByteSource {
   virtual std::string Name() const { return std::string(); }
 };
 
+// Where Table::InsertAndEvict reports the entries a batch evicted. A batch
+// of n rows evicts at most n entries (every row that needs room evicts one
+// entry, or is itself turned away), so the caller provides buffers of n rows;
+// the table fills rows [0, count) in unspecified order. Plain pointers, so a
+// GPU table can take device buffers.
+struct EvictedEntries {
+  void* keys = nullptr;        // int32/int64 tables: [n] keys (nullable); unused for strings
+  void* values = nullptr;      // [n, dim] (nullable: values are not reported)
+  uint64_t* scores = nullptr;  // [n] (nullable)
+  // String tables: receives evicted key i; the bytes are valid only during
+  // the call. Called from the batch's worker threads, once per i < count.
+  std::function<void(int64_t i, std::string_view key)> string_key;
+  int64_t count = 0;           // set by the table: entries written
+};
+
 // Counters since creation (monotonic; Clear does not reset them).
 struct TableCounters {
   uint64_t inserts = 0;    // rows that created a new key
@@ -242,7 +325,10 @@ struct TableCounters {
   uint64_t lookups = 0;    // keys looked up
   uint64_t misses = 0;     // keys looked up and not found
   uint64_t removes = 0;    // keys removed
-  uint64_t evictions = 0;  // keys evicted to stay within max_capacity
+  // Entries evicted to stay within max_capacity, plus new keys turned away
+  // because their score was below every stored score: what InsertAndEvict
+  // reports.
+  uint64_t evictions = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -255,9 +341,11 @@ class Table {
 
   virtual const TableOptions& options() const = 0;
 
-  // Number of keys stored.
+  // Number of keys stored. Never exceeds options().max_capacity when that is
+  // > 0, also while other threads write.
   virtual int64_t Size() const = 0;
-  // Number of keys the table can hold before it grows (or max_capacity).
+  // Number of keys the table holds before its slot arrays grow; a bounded
+  // table's capacity grows up to max_capacity and stops there.
   virtual int64_t Capacity() const = 0;
   // Bytes of memory the table owns (slots, rows, bookkeeping).
   virtual int64_t MemoryBytes() const = 0;
@@ -270,13 +358,24 @@ class Table {
                       const void* defaults, bool default_per_key,
                       const Runner& runner) = 0;
 
-  // Upsert. `scores` (nullable) sets the score of each row explicitly.
-  virtual Status Insert(const void* keys, int64_t n, const void* values,
-                        const uint64_t* scores, const Runner& runner) = 0;
+  // Upsert. `scores` (nullable) sets the score of each row explicitly. In a
+  // full bounded table, a new key evicts the lowest-score entry (see
+  // "Bounded tables" above), or is itself turned away when its score is the
+  // lowest. `evicted` (nullable) receives what the batch evicted.
+  virtual Status InsertAndEvict(const void* keys, int64_t n, const void* values,
+                                const uint64_t* scores, EvictedEntries* evicted,
+                                const Runner& runner) = 0;
+
+  // InsertAndEvict without reporting the evicted entries.
+  Status Insert(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                const Runner& runner) {
+    return InsertAndEvict(keys, n, values, scores, nullptr, runner);
+  }
 
   // Per row i: exists[i] and key present -> value += deltas[i];
   // !exists[i] and key absent -> insert deltas[i]; otherwise nothing.
-  // Addition is elementwise in the value type (bool: logical or).
+  // Addition is elementwise in the value type (bool: logical or). A row that
+  // inserts into a full bounded table evicts as InsertAndEvict does.
   virtual Status Accum(const void* keys, int64_t n, const void* deltas,
                        const bool* exists, const Runner& runner) = 0;
 
@@ -286,13 +385,16 @@ class Table {
   // Removes every key and releases the memory.
   virtual void Clear() = 0;
 
-  // A consistent snapshot of every entry, in unspecified order.
+  // A consistent snapshot of every entry, in unspecified order (bounded
+  // tables: oldest write first, so an import restores how ties break).
   virtual Status Export(ExportSink* sink) = 0;
 
   // Every entry in chunks of at most `chunk_rows`, holding one shard's lock
   // only while copying a chunk: memory stays O(chunk_rows) however large the
-  // table, and writers are never blocked for long. Entries inserted or
-  // removed concurrently may or may not be visited.
+  // table (bounded tables add a 24-byte-per-key ordering to emit the oldest
+  // writes first, see "Bounded tables"), and writers are never blocked for
+  // long. Entries inserted or removed concurrently may or may not be visited;
+  // no key is visited twice.
   virtual Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) = 0;
 };
 

@@ -272,6 +272,46 @@ class InsertOp : public TableOpKernel {
   }
 };
 
+class InsertAndEvictOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const uint64_t* scores;
+    OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+    KeyBatch batch(ctx->input(1));
+    // A batch of n rows evicts at most n entries: the core fills n-row
+    // buffers and the outputs are their first rows (slices share the buffer).
+    const int64_t n = batch.size();
+    Tensor keys, values, evicted_scores;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(resource->key_dtype(), TensorShape({n}), &keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(resource->value_dtype(),
+                                           KeyedShape(TensorShape({n}), resource->value_shape()),
+                                           &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({n}),
+                                           &evicted_scores));
+    EvictedEntries evicted;
+    if (keys.dtype() == tensorflow::DT_STRING) {
+      tensorflow::tstring* out = keys.flat<tensorflow::tstring>().data();
+      evicted.string_key = [out](int64_t i, std::string_view key) {
+        out[i].assign(key.data(), key.size());
+      };
+    } else {
+      evicted.keys = keys.data();
+    }
+    evicted.values = values.data();
+    // int64 scores carry the core's uint64 bits unchanged.
+    evicted.scores = static_cast<uint64_t*>(evicted_scores.data());
+    ThreadPoolRunner runner(ctx);
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().InsertAndEvict(
+                            batch.data(), n, ctx->input(2).data(), scores, &evicted, runner)));
+    ctx->set_output(0, keys.Slice(0, evicted.count));
+    ctx->set_output(1, values.Slice(0, evicted.count));
+    ctx->set_output(2, evicted_scores.Slice(0, evicted.count));
+  }
+};
+
 class ImportOp : public TableOpKernel {
  public:
   using TableOpKernel::TableOpKernel;
@@ -340,6 +380,32 @@ class SizeOp : public TableOpKernel {
     Tensor* size;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
     size->scalar<int64_t>()() = resource->table().Size();
+  }
+};
+
+class StatsOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    const Table& table = resource->table();
+    const int64_t size = table.Size();
+    const int64_t capacity = table.Capacity();
+    const TableCounters counters = table.Counters();
+    const auto set = [ctx](int index, auto value) {
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(index, TensorShape({}), &out));
+      out->scalar<decltype(value)>()() = value;
+    };
+    set(0, size);
+    set(1, capacity);
+    set(2, table.options().max_capacity);
+    set(3, capacity > 0 ? static_cast<float>(size) / static_cast<float>(capacity) : 0.0f);
+    set(4, static_cast<int64_t>(counters.inserts));
+    set(5, static_cast<int64_t>(counters.lookups));
+    set(6, static_cast<int64_t>(counters.misses));
+    set(7, static_cast<int64_t>(counters.evictions));
   }
 };
 
@@ -507,10 +573,12 @@ class LoadFromFileOp : public TableOpKernel {
 DYNEMB_REGISTER_CPU("DynembHashTable", CreateTableOp);
 DYNEMB_REGISTER_CPU("DynembTableFind", FindOp);
 DYNEMB_REGISTER_CPU("DynembTableInsert", InsertOp);
+DYNEMB_REGISTER_CPU("DynembTableInsertAndEvict", InsertAndEvictOp);
 DYNEMB_REGISTER_CPU("DynembTableAccum", AccumOp);
 DYNEMB_REGISTER_CPU("DynembTableRemove", RemoveOp);
 DYNEMB_REGISTER_CPU("DynembTableClear", ClearOp);
 DYNEMB_REGISTER_CPU("DynembTableSize", SizeOp);
+DYNEMB_REGISTER_CPU("DynembTableStats", StatsOp);
 DYNEMB_REGISTER_CPU("DynembTableExport", ExportOp);
 DYNEMB_REGISTER_CPU("DynembTableImport", ImportOp);
 DYNEMB_REGISTER_CPU("DynembTableSaveToFile", SaveToFileOp);

@@ -131,14 +131,30 @@ absl::Status SizeShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-absl::Status ExportShape(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+// Outputs (keys [m], values [m] + value_shape, scores [m]) of an unknown m.
+absl::Status EntriesOutputsShape(InferenceContext* c) {
   ShapeHandle keys = c->Vector(c->UnknownDim());
   ShapeHandle values;
   TF_RETURN_IF_ERROR(KeyedValueShape(c, keys, &values));
   c->set_output(0, keys);
   c->set_output(1, values);
   c->set_output(2, keys);
+  return absl::OkStatus();
+}
+
+absl::Status ExportShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+  return EntriesOutputsShape(c);
+}
+
+absl::Status InsertAndEvictShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(InsertShape(c));
+  return EntriesOutputsShape(c);
+}
+
+absl::Status StatsShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
   return absl::OkStatus();
 }
 
@@ -202,6 +218,24 @@ Upserts keys with values (keys.shape + value_shape). `scores` is keys.shape to
 set scores explicitly, or shape [0] to let the table's strategy assign them.
 )doc");
 
+REGISTER_OP("DynembTableInsertAndEvict")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("values: Tvalue")
+    .Input("scores: int64")
+    .Output("evicted_keys: Tkey")
+    .Output("evicted_values: Tvalue")
+    .Output("evicted_scores: int64")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(InsertAndEvictShape)
+    .Doc(R"doc(
+DynembTableInsert that also returns what the batch evicted to stay within the
+table's max_capacity: the stored entries it evicted and the new keys it turned
+away because their score was below every stored score, m <= keys.size entries
+in unspecified order (m = 0 for an unbounded table).
+)doc");
+
 REGISTER_OP("DynembTableAccum")
     .Input("table_handle: resource")
     .Input("keys: Tkey")
@@ -229,6 +263,31 @@ REGISTER_OP("DynembTableSize")
     .Input("table_handle: resource")
     .Output("size: int64")
     .SetShapeFn(SizeShape);
+
+REGISTER_OP("DynembTableStats")
+    .Input("table_handle: resource")
+    .Output("size: int64")
+    .Output("capacity: int64")
+    .Output("max_capacity: int64")
+    .Output("load_factor: float")
+    .Output("inserts: int64")
+    .Output("lookups: int64")
+    .Output("misses: int64")
+    .Output("evictions: int64")
+    .SetShapeFn(StatsShape)
+    .Doc(R"doc(
+Scalars describing the table.
+size: keys stored.
+capacity: keys the table holds before its slot arrays grow; a bounded table's
+  capacity grows up to max_capacity.
+max_capacity: 0 for an unbounded table.
+load_factor: size / capacity.
+inserts: rows that created a key, since the table was created.
+lookups: keys looked up.
+misses: keys looked up and absent.
+evictions: entries evicted, and new keys turned away, to stay within
+  max_capacity.
+)doc");
 
 REGISTER_OP("DynembTableExport")
     .Input("table_handle: resource")

@@ -2,7 +2,9 @@
 //   g++ -std=c++17 -O3 -pthread -I. cc/core/*.cc cc/core/cpu/*.cc \
 //       cc/core/bench/core_bench.cc -o /tmp/core_bench && /tmp/core_bench [threads]
 // Prints insert/find keys/s at 1M keys (dim 8 and 64), the insert rate while
-// growing 1M -> 10M keys, and bytes per key at 10M keys.
+// growing 1M -> 10M keys, and bytes per key at 10M keys; then, for bounded
+// tables (dim 8, LRU): the insert rate below max_capacity, and the rate of
+// inserts into a full table, each of which evicts.
 
 #include <chrono>
 #include <cstdio>
@@ -105,6 +107,32 @@ void RunGrowth(const ThreadRunner& runner) {
               table->MemoryBytes() / table->Size() / payload);
 }
 
+// Bounded LRU table of 1M keys, dim 8: 1M new keys below max_capacity (the
+// reservation path), then 1M more new keys, each evicting the oldest.
+void RunBounded(const ThreadRunner& runner) {
+  constexpr int64_t kKeys = 1 << 20, kBatch = 65536;
+  dynemb::TableOptions options;
+  options.dim = 8;
+  options.max_capacity = kKeys;
+  dynemb::Status status;
+  auto table = dynemb::NewCpuTable(options, &status);
+  std::vector<int64_t> keys = RandomKeys(2 * kKeys, 4);
+  std::vector<float> values(kBatch * 8, 1.0f);
+  auto start = Clock::now();
+  for (int64_t b = 0; b < kKeys; b += kBatch)
+    table->Insert(keys.data() + b, kBatch, values.data(), nullptr, runner);
+  const double fill_s = Seconds(start);
+  start = Clock::now();
+  for (int64_t b = kKeys; b < 2 * kKeys; b += kBatch)
+    table->Insert(keys.data() + b, kBatch, values.data(), nullptr, runner);
+  const double evict_s = Seconds(start);
+  std::printf("bounded dim 8: insert(new, below max) %.1f M/s  insert(full, evicting) %.1f M/s; "
+              "size %lld, evictions %llu, %.1f bytes/key\n",
+              kKeys / fill_s / 1e6, kKeys / evict_s / 1e6, static_cast<long long>(table->Size()),
+              static_cast<unsigned long long>(table->Counters().evictions),
+              static_cast<double>(table->MemoryBytes()) / table->Size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,5 +142,6 @@ int main(int argc, char** argv) {
   RunDim(8, runner);
   RunDim(64, runner);
   RunGrowth(runner);
+  RunBounded(runner);
   return 0;
 }

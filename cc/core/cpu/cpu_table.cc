@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bitset>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "cc/core/cpu/row_slab.h"
@@ -29,6 +31,23 @@ constexpr uint64_t kMinShardSlots = 8;
 constexpr int64_t kParallelMinKeys = 4096;
 // How far ahead of use the batch loops prefetch.
 constexpr int64_t kPrefetchDistance = 8;
+// (score, age): what eviction ranks entries by, lowest first (see HeapEntry).
+struct RankKey {
+  uint64_t score;
+  uint64_t age;
+  bool operator<(const RankKey& o) const {
+    return score != o.score ? score < o.score : age < o.age;
+  }
+};
+// The hint of a shard without entries: above every live entry's key (a live
+// row's age is never kDeadAge, defined below as all ones).
+constexpr RankKey kNoEntryKey{~uint64_t{0}, ~uint64_t{0}};
+// try_lock attempts on a lower-index shard before eviction looks elsewhere
+// (blocking there could deadlock; see "Locking" in table.h).
+constexpr int kEvictLockTries = 4;
+// Attempts to find room for a new key in a full table whose budget is all
+// reserved by other threads' passes, before the key is turned away.
+constexpr int kNoVictimRetries = 16;
 
 // ---------------------------------------------------------------------------
 // Key traits: how a key type is stored in a row, viewed in a batch, compared.
@@ -78,12 +97,46 @@ inline void AtomicStoreScore(char* p, uint64_t score) {
   __atomic_store_n(reinterpret_cast<uint64_t*>(p), score, __ATOMIC_RELAXED);
 }
 
+// A bounded table's rows carry an age besides the score: when the row was
+// last written (inserted, overwritten, accumulated; not refreshed by Find),
+// counted in rows written to the table, so ages compare across shards and
+// row i of a batch is older than row i + 1. Among equal scores the oldest
+// write goes first. A freed row's age is kDeadAge, so a heap entry can tell
+// a dead row.
+constexpr uint64_t kDeadAge = ~uint64_t{0};
+
+// An entry of a shard's eviction heap (bounded tables). Lazy: (score, age) is
+// the row's when the entry was pushed. Outside the writer's lock scores only
+// rise (a Find refreshing LRU scores); a writer's write makes the row's age
+// newer, and one that lowers its score pushes a new entry. So every live row
+// has an entry at or below its current (score, age), and an entry whose row
+// died or moved is dropped or re-pushed when it reaches the top (ValidateTop).
+struct HeapEntry {
+  uint64_t score;
+  uint64_t age;
+  uint32_t row;
+};
+
+// Min-heap order: the lowest (score, age) on top. Ties go by age, not by a
+// fixed content order such as the key's hash: with a fixed order, under LFU
+// (where many keys tie at count 1) the same keys would always lose the tie
+// and could never stay long enough to be counted up.
+struct HeapAfter {
+  bool operator()(const HeapEntry& a, const HeapEntry& b) const {
+    return a.score != b.score ? a.score > b.score : a.age > b.age;
+  }
+};
+
 struct alignas(64) Shard {
   mutable std::shared_mutex mu;
   std::unique_ptr<uint64_t[]> slots;
   uint64_t num_slots = 0;  // a power of two
   std::atomic<int64_t> size{0};
   RowSlab rows;
+  // Bounded tables: built the first time the shard is asked for a victim
+  // (so tables that never fill never pay for it), then kept up to date.
+  std::vector<HeapEntry> heap;
+  bool heap_built = false;
 
   uint64_t mask() const { return num_slots - 1; }
   // Keep the load factor at or below 3/4: linear probing stays short.
@@ -119,7 +172,8 @@ struct ScoreContext {
       case EvictStrategy::kLru:
         return clock;
       case EvictStrategy::kLfu:
-        return existed ? old + 1 : 1;
+        // Saturates: an imported UINT64_MAX must not wrap to the lowest score.
+        return existed ? (old == ~uint64_t{0} ? old : old + 1) : 1;
       case EvictStrategy::kEpochLru:
         // The clock saturates in the low 32 bits rather than wrapping below
         // older scores of the same epoch.
@@ -140,7 +194,58 @@ struct ScoreContext {
 
 // Counters a shard pass collects locally and publishes once.
 struct PassCounters {
-  uint64_t inserts = 0, updates = 0, lookups = 0, misses = 0, removes = 0;
+  uint64_t inserts = 0, updates = 0, lookups = 0, misses = 0, removes = 0, evictions = 0;
+};
+
+// A shard and a lower bound of its lowest (score, age); the queue FindVictim
+// keeps is a min-heap of these (ties by shard index, so it is deterministic).
+struct ShardKey {
+  RankKey key;
+  int shard;
+};
+struct ShardKeyAfter {
+  bool operator()(const ShardKey& a, const ShardKey& b) const {
+    if (a.key < b.key) return false;
+    if (b.key < a.key) return true;
+    return a.shard > b.shard;
+  }
+};
+
+// One writing pass over one shard (Insert, Accum, Remove), made while holding
+// the shard's exclusive lock; published when it ends.
+struct WritePass {
+  explicit WritePass(int s) : shard(s) {}
+  int shard;
+  PassCounters pc;
+  int64_t size_delta = 0;  // keys the pass added to the table, net of removals
+  int64_t stash = 0;       // bounded tables: budget reserved and not used yet
+  int64_t released = 0;    // bounded tables: budget units freed by removals
+  // Eviction: the other shards keyed by lower bounds of their minimum (see
+  // FindVictim), built on the pass's first eviction.
+  std::vector<ShardKey> candidates;
+  bool candidates_built = false;
+};
+
+// Where a first-round pass of WriteBatch puts the rows it defers: its shard's
+// part of the batch's deferred list.
+struct DeferredRows {
+  uint32_t* rows;
+  uint32_t count;
+  void Add(uint32_t i) { rows[count++] = i; }
+};
+
+// What making room for a new key in a bounded table did.
+enum class Room {
+  kFree,             // a reserved unit of the budget was free
+  kEvictedHere,      // an entry of the key's own shard was evicted (slots moved)
+  kEvictedElsewhere, // an entry of another shard was evicted
+  kTurnedAway,       // the new key had the lowest score: it is not inserted
+};
+
+// The entry chosen for eviction: its shard (whose heap has it on top) and key.
+struct Victim {
+  int shard = -1;
+  RankKey key{0, 0};
 };
 
 template <typename K>
@@ -153,13 +258,17 @@ class CpuTable final : public Table {
       : options_(options),
         value_bytes_(options.value_bytes()),
         add_row_(GetAddRowFn(options.value_type)),
+        bounded_(options.max_capacity > 0),
         shards_(new Shard[kNumShards]) {
     score_offset_ = RoundUp8(sizeof(typename Traits::Stored));
-    value_offset_ = score_offset_ + sizeof(uint64_t);
+    // Rows are [key | score | values], bounded tables' [key | score | age | values].
+    age_offset_ = score_offset_ + sizeof(uint64_t);
+    value_offset_ = age_offset_ + (bounded_ ? sizeof(uint64_t) : 0);
     stride_ = RoundUp8(value_offset_ + value_bytes_);
     for (int s = 0; s < kNumShards; ++s) {
       shards_[s].rows.Init(stride_);
       shards_[s].ResetSlots(InitialShardSlots());
+      SetHint(s, kNoEntryKey);
     }
   }
 
@@ -169,27 +278,25 @@ class CpuTable final : public Table {
 
   const TableOptions& options() const override { return options_; }
 
-  int64_t Size() const override {
-    int64_t total = 0;
-    for (int s = 0; s < kNumShards; ++s) total += shards_[s].size.load(std::memory_order_relaxed);
-    return total;
-  }
+  // Published by each pass when it ends, so it never counts a key a pass is
+  // still inserting under a reservation (and thus never exceeds max_capacity).
+  int64_t Size() const override { return size_.load(std::memory_order_relaxed); }
 
   int64_t Capacity() const override {
-    if (options_.max_capacity > 0) return options_.max_capacity;
     int64_t total = 0;
     for (int s = 0; s < kNumShards; ++s) {
       std::shared_lock<std::shared_mutex> lock(shards_[s].mu);
       total += static_cast<int64_t>(shards_[s].num_slots * 3 / 4);
     }
-    return total;
+    return bounded_ ? std::min(total, options_.max_capacity) : total;
   }
 
   int64_t MemoryBytes() const override {
     int64_t bytes = sizeof(*this) + kNumShards * sizeof(Shard);
     for (int s = 0; s < kNumShards; ++s) {
       std::shared_lock<std::shared_mutex> lock(shards_[s].mu);
-      bytes += shards_[s].num_slots * sizeof(uint64_t) + shards_[s].rows.MemoryBytes();
+      bytes += shards_[s].num_slots * sizeof(uint64_t) + shards_[s].rows.MemoryBytes() +
+               shards_[s].heap.capacity() * sizeof(HeapEntry);
       if (!Traits::kTrivial) bytes += StringHeapBytes(shards_[s]);
     }
     return bytes;
@@ -220,42 +327,55 @@ class CpuTable final : public Table {
     ScoreContext ctx{options_.strategy, touch ? NextClock() : 0, CurrentEpoch(), nullptr};
     char* out = static_cast<char*>(values);
     const char* def = static_cast<const char*>(defaults);
-    return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
-      std::shared_lock<std::shared_mutex> lock(shard.mu);
-      FindInShard(shard, plan.hashes.data(), idx, count, in, out, exists, def, default_per_key,
-                  touch ? &ctx : nullptr);
-      return Status::Ok();
-    });
+    return ForEachShard(plan, n, runner,
+                        [&](int, Shard& shard, const uint32_t* idx, int64_t count) {
+                          std::shared_lock<std::shared_mutex> lock(shard.mu);
+                          FindInShard(shard, plan.hashes.data(), idx, count, in, out, exists,
+                                      def, default_per_key, touch ? &ctx : nullptr);
+                          return Status::Ok();
+                        });
   }
 
-  Status Insert(const void* keys, int64_t n, const void* values, const uint64_t* scores,
-                const Runner& runner) override {
+  Status InsertAndEvict(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                        EvictedEntries* evicted, const Runner& runner) override {
+    if (evicted != nullptr) evicted->count = 0;
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
     ScoreContext ctx = WriteScoreContext(scores, n, /*is_insert=*/true);
+    const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(values);
-    return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
-      std::unique_lock<std::shared_mutex> lock(shard.mu);
-      PassCounters pc;
+    EvictedWriter out(evicted, value_bytes_);
+    Status result = WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard,
+                                                    const uint32_t* idx, int64_t count,
+                                                    DeferredRows* deferred) {
       Status status;
       PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
         if (!status.ok()) return;
         const uint32_t i = idx[p];
-        uint32_t row = 0;
-        bool existed = false;
-        status = FindOrInsert(shard, plan.hashes[i], in[i], &row, &existed);
-        if (!status.ok()) return;
-        char* r = shard.rows.Row(row);
-        std::memcpy(r + value_offset_, src + i * value_bytes_, value_bytes_);
-        SetScore(r, ctx.Score(i, existed, existed ? AtomicLoadScore(r + score_offset_) : 0));
-        ++(existed ? pc.updates : pc.inserts);
+        const uint64_t hash = plan.hashes[i];
+        const char* value = src + i * value_bytes_;
+        const uint64_t pos = FindPosition(shard, hash, in[i]);
+        const uint64_t slot = shard.slots[pos];
+        if (!SlotEmpty(slot)) {
+          char* r = shard.rows.Row(SlotRow(slot));
+          std::memcpy(r + value_offset_, value, value_bytes_);
+          const uint64_t old = AtomicLoadScore(r + score_offset_);
+          Rescore(pass.shard, SlotRow(slot), r, old, ctx.Score(i, true, old), age_base + i);
+          ++pass.pc.updates;
+        } else if (deferred != nullptr) {
+          deferred->Add(i);
+        } else {
+          InsertNew(pass, count - p, hash, in[i], pos, value, ctx.Score(i, false, 0),
+                    age_base + i, &out, &status);
+        }
       });
-      Publish(pc);
       return status;
     });
+    if (evicted != nullptr) evicted->count = out.count();
+    return result;
   }
 
   Status Accum(const void* keys, int64_t n, const void* deltas, const bool* exists,
@@ -267,33 +387,36 @@ class CpuTable final : public Table {
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
     ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/false);
+    const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(deltas);
-    return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
-      std::unique_lock<std::shared_mutex> lock(shard.mu);
-      PassCounters pc;
+    EvictedWriter out(nullptr, value_bytes_);
+    return WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard, const uint32_t* idx,
+                                           int64_t count, DeferredRows* deferred) {
       Status status;
       PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
         if (!status.ok()) return;
         const uint32_t i = idx[p];
-        const uint64_t pos = FindPosition(shard, plan.hashes[i], in[i]);
-        const bool present = !SlotEmpty(shard.slots[pos]);
-        if (exists[i] && present) {
-          char* r = shard.rows.Row(SlotRow(shard.slots[pos]));
-          add_row_(r + value_offset_, src + i * value_bytes_, options_.dim);
-          SetScore(r, ctx.Score(i, true, AtomicLoadScore(r + score_offset_)));
-          ++pc.updates;
-        } else if (!exists[i] && !present) {
-          uint32_t row = 0;
-          bool existed = false;
-          status = FindOrInsert(shard, plan.hashes[i], in[i], &row, &existed);
-          if (!status.ok()) return;
-          char* r = shard.rows.Row(row);
-          std::memcpy(r + value_offset_, src + i * value_bytes_, value_bytes_);
-          SetScore(r, ctx.Score(i, false, 0));
-          ++pc.inserts;
+        const uint64_t hash = plan.hashes[i];
+        const char* delta = src + i * value_bytes_;
+        const uint64_t pos = FindPosition(shard, hash, in[i]);
+        const uint64_t slot = shard.slots[pos];
+        if (!SlotEmpty(slot)) {
+          if (exists[i]) {
+            char* r = shard.rows.Row(SlotRow(slot));
+            add_row_(r + value_offset_, delta, options_.dim);
+            const uint64_t old = AtomicLoadScore(r + score_offset_);
+            Rescore(pass.shard, SlotRow(slot), r, old, ctx.Score(i, true, old), age_base + i);
+            ++pass.pc.updates;
+          }
+        } else if (deferred != nullptr) {
+          // Absent: deferred whatever exists[i] says, so that all rows of a
+          // key stay in one round, in batch order.
+          deferred->Add(i);
+        } else if (!exists[i]) {
+          InsertNew(pass, count - p, hash, in[i], pos, delta, ctx.Score(i, false, 0),
+                    age_base + i, &out, &status);
         }
       });
-      Publish(pc);
       return status;
     });
   }
@@ -304,55 +427,77 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
-    return ForEachShard(plan, n, runner, [&](Shard& shard, const uint32_t* idx, int64_t count) {
-      std::unique_lock<std::shared_mutex> lock(shard.mu);
-      PassCounters pc;
-      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
-        const uint32_t i = idx[p];
-        const uint64_t pos = FindPosition(shard, plan.hashes[i], in[i]);
-        if (SlotEmpty(shard.slots[pos])) return;
-        EraseAt(shard, pos);
-        ++pc.removes;
-      });
-      Publish(pc);
-      return Status::Ok();
-    });
+    return ForEachShard(
+        plan, n, runner, [&](int s, Shard& shard, const uint32_t* idx, int64_t count) {
+          std::unique_lock<std::shared_mutex> lock(shard.mu);
+          WritePass pass(s);
+          PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
+            const uint32_t i = idx[p];
+            const uint64_t pos = FindPosition(shard, plan.hashes[i], in[i]);
+            if (SlotEmpty(shard.slots[pos])) return;
+            EraseAt(shard, pos);
+            ++pass.pc.removes;
+            --pass.size_delta;
+            ++pass.released;
+          });
+          Publish(pass);
+          return Status::Ok();
+        });
   }
 
   void Clear() override {
     std::vector<std::unique_lock<std::shared_mutex>> locks = LockAll<std::unique_lock>();
+    int64_t removed = 0;
     for (int s = 0; s < kNumShards; ++s) {
       Shard& shard = shards_[s];
+      removed += shard.size.load(std::memory_order_relaxed);
       DestroyKeys(shard);
       shard.rows.Reset();
       shard.ResetSlots(InitialShardSlots());
       shard.size.store(0, std::memory_order_relaxed);
+      shard.heap.clear();
+      shard.heap.shrink_to_fit();
+      shard.heap_built = false;
+      SetHint(s, kNoEntryKey);
     }
+    // Subtract rather than store 0: with every lock held no pass is running,
+    // but the order of the two counters must stay size_ <= reserved_.
+    size_.fetch_sub(removed, std::memory_order_relaxed);
+    if (bounded_) reserved_.fetch_sub(removed, std::memory_order_relaxed);
   }
 
   Status Export(ExportSink* sink) override {
     std::vector<std::shared_lock<std::shared_mutex>> locks = LockAll<std::shared_lock>();
-    const int64_t n = Size();
+    int64_t n = 0;
+    for (int s = 0; s < kNumShards; ++s) n += shards_[s].size.load(std::memory_order_relaxed);
     void* keys = nullptr;
     void* values = nullptr;
     uint64_t* scores = nullptr;
     DYNEMB_RETURN_IF_ERROR(sink->Allocate(n, &keys, &values, &scores));
     int64_t i = 0;
-    for (int s = 0; s < kNumShards; ++s) {
-      const Shard& shard = shards_[s];
-      for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
-        const uint64_t slot = shard.slots[pos];
-        if (SlotEmpty(slot)) continue;
-        const char* r = shard.rows.Row(SlotRow(slot));
-        WriteKey(sink, keys, i, r);
-        if (values != nullptr) {
-          std::memcpy(static_cast<char*>(values) + i * value_bytes_, r + value_offset_,
-                      value_bytes_);
-        }
-        if (scores != nullptr) scores[i] = AtomicLoadScore(r + score_offset_);
-        ++i;
+    const auto emit = [&](const char* r) {
+      WriteKey(sink, keys, i, r);
+      if (values != nullptr) {
+        std::memcpy(static_cast<char*>(values) + i * value_bytes_, r + value_offset_,
+                    value_bytes_);
       }
+      if (scores != nullptr) scores[i] = AtomicLoadScore(r + score_offset_);
+      ++i;
+    };
+    if (!bounded_) {
+      for (int s = 0; s < kNumShards; ++s) ForEachRowInSlotOrder(shards_[s], emit);
+      return Status::Ok();
     }
+    // Oldest write first over the whole table: importing the export (as a
+    // checkpoint restore does) gives the rows ages in the same relative
+    // order, so the restored table breaks score ties as the saved one would.
+    std::vector<std::pair<uint64_t, const char*>> order;
+    order.reserve(static_cast<size_t>(n));
+    for (int s = 0; s < kNumShards; ++s) {
+      ForEachRowInSlotOrder(shards_[s], [&](const char* r) { order.emplace_back(Age(r), r); });
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& entry : order) emit(entry.second);
     return Status::Ok();
   }
 
@@ -360,6 +505,7 @@ class CpuTable final : public Table {
     if (chunk_rows < 1) {
       return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
     }
+    if (bounded_) return ExportChunksOldestFirst(chunk_rows, sink);
     std::vector<In> keys;
     std::vector<char> values;
     std::vector<uint64_t> scores;
@@ -383,21 +529,133 @@ class CpuTable final : public Table {
         scores.clear();
         return status;
       };
-      for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
-        const uint64_t slot = shard.slots[pos];
-        if (SlotEmpty(slot)) continue;
-        const char* r = shard.rows.Row(SlotRow(slot));
+      Status status;
+      ForEachRowInSlotOrder(shard, [&](const char* r) {
+        if (!status.ok()) return;
         std::memcpy(values.data() + keys.size() * value_bytes_, r + value_offset_, value_bytes_);
         keys.push_back(Traits::View(r));
         scores.push_back(AtomicLoadScore(r + score_offset_));
-        if (keys.size() == cap) DYNEMB_RETURN_IF_ERROR(flush());
-      }
+        if (keys.size() == cap) status = flush();
+      });
+      DYNEMB_RETURN_IF_ERROR(status);
       DYNEMB_RETURN_IF_ERROR(flush());
     }
     return Status::Ok();
   }
 
  private:
+  // Calls fn(row) for every entry of `shard` (locked by the caller).
+  template <typename Fn>
+  void ForEachRowInSlotOrder(const Shard& shard, Fn&& fn) const {
+    for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
+      const uint64_t slot = shard.slots[pos];
+      if (!SlotEmpty(slot)) fn(static_cast<const char*>(shard.rows.Row(SlotRow(slot))));
+    }
+  }
+
+  // ExportChunks of a bounded table: oldest write first over the whole table,
+  // as Export, so that a file load gives the rows ages in the same relative
+  // order and the loaded table breaks score ties as the saved one would. The
+  // order is taken shard by shard (24 bytes per key, no values); then each
+  // chunk's rows are copied under their shard's lock, one shard at a time,
+  // with their content at that moment. A row that no longer holds the key it
+  // held in the snapshot (freed, released by a Clear, or reused by another
+  // key) is skipped, so no key is written twice even if it moved meanwhile.
+  Status ExportChunksOldestFirst(int64_t chunk_rows, const ChunkSink& sink) {
+    struct Ref {
+      uint64_t age;
+      uint64_t hash;  // the key's: tells whether the row still holds it
+      uint32_t row;
+      uint32_t shard;
+      bool operator<(const Ref& o) const { return age < o.age; }
+    };
+    std::vector<Ref> order;
+    for (int s = 0; s < kNumShards; ++s) {
+      const Shard& shard = shards_[s];
+      std::shared_lock<std::shared_mutex> lock(shard.mu);
+      for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
+        const uint64_t slot = shard.slots[pos];
+        if (SlotEmpty(slot)) continue;
+        const char* r = shard.rows.Row(SlotRow(slot));
+        order.push_back(
+            Ref{Age(r), HashKey(Traits::View(r)), SlotRow(slot), static_cast<uint32_t>(s)});
+      }
+    }
+    std::sort(order.begin(), order.end());
+    const size_t cap = std::min(order.size(), static_cast<size_t>(chunk_rows));
+    std::vector<typename Traits::Stored> key_copies(cap);  // the sink's keys outlive the locks
+    std::vector<In> keys(cap);
+    std::vector<char> values(cap * value_bytes_);
+    std::vector<uint64_t> scores(cap);
+    std::vector<bool> copied(cap);
+    std::vector<uint32_t> by_shard(cap);
+    for (size_t begin = 0; begin < order.size(); begin += cap) {
+      const size_t m = std::min(cap, order.size() - begin);
+      const Ref* chunk = order.data() + begin;
+      for (size_t j = 0; j < m; ++j) by_shard[j] = static_cast<uint32_t>(j);
+      std::stable_sort(by_shard.begin(), by_shard.begin() + m,
+                       [chunk](uint32_t a, uint32_t b) { return chunk[a].shard < chunk[b].shard; });
+      for (size_t j = 0; j < m;) {
+        const uint32_t s = chunk[by_shard[j]].shard;
+        std::shared_lock<std::shared_mutex> lock(shards_[s].mu);
+        for (; j < m && chunk[by_shard[j]].shard == s; ++j) {
+          const uint32_t c = by_shard[j];
+          // (A Clear since the snapshot released the rows: check first.)
+          const char* r = shards_[s].rows.Contains(chunk[c].row)
+                              ? shards_[s].rows.Row(chunk[c].row) : nullptr;
+          copied[c] = r != nullptr && Age(r) != kDeadAge &&
+                      HashKey(Traits::View(r)) == chunk[c].hash;
+          if (!copied[c]) continue;
+          key_copies[c] = *reinterpret_cast<const typename Traits::Stored*>(r);
+          std::memcpy(values.data() + c * value_bytes_, r + value_offset_, value_bytes_);
+          scores[c] = AtomicLoadScore(r + score_offset_);
+        }
+      }
+      size_t n = 0;  // compact the copied rows, in age order
+      for (size_t c = 0; c < m; ++c) {
+        if (!copied[c]) continue;
+        if (n != c) {
+          key_copies[n] = std::move(key_copies[c]);
+          std::memmove(values.data() + n * value_bytes_, values.data() + c * value_bytes_,
+                       value_bytes_);
+          scores[n] = scores[c];
+        }
+        keys[n] = In(key_copies[n]);
+        ++n;
+      }
+      if (n > 0) DYNEMB_RETURN_IF_ERROR(sink(keys.data(), static_cast<int64_t>(n), values.data(),
+                                             scores.data()));
+    }
+    return Status::Ok();
+  }
+
+  // Writes evicted entries into the caller's EvictedEntries (or only counts
+  // them); thread-safe: each entry takes the next index.
+  class EvictedWriter {
+   public:
+    EvictedWriter(EvictedEntries* out, size_t value_bytes) : out_(out), value_bytes_(value_bytes) {}
+    void Write(In key, const char* value, uint64_t score) {
+      if (out_ == nullptr) return;
+      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      if constexpr (Traits::kTrivial) {
+        if (out_->keys != nullptr) static_cast<K*>(out_->keys)[i] = key;
+      } else {
+        if (out_->string_key) out_->string_key(i, key);
+      }
+      if (out_->values != nullptr) {
+        std::memcpy(static_cast<char*>(out_->values) + static_cast<size_t>(i) * value_bytes_,
+                    value, value_bytes_);
+      }
+      if (out_->scores != nullptr) out_->scores[i] = score;
+    }
+    int64_t count() const { return next_.load(std::memory_order_relaxed); }
+
+   private:
+    EvictedEntries* out_;
+    size_t value_bytes_;
+    std::atomic<int64_t> next_{0};
+  };
+
   static size_t RoundUp8(size_t x) { return (x + 7) & ~size_t{7}; }
 
   uint64_t InitialShardSlots() const {
@@ -487,24 +745,33 @@ class CpuTable final : public Table {
     for (int64_t i = 0; i < n; ++i) plan->order[counts[ShardOf(hashes[i])]++] = static_cast<uint32_t>(i);
   }
 
-  // Runs fn(shard, indices, count) for every shard the batch touches, shards
-  // in parallel. Returns the first error.
+  // Runs fn(shard index, shard, indices, count) for every shard the batch
+  // touches, shards in parallel. Returns the first error.
   template <typename Fn>
   Status ForEachShard(const BatchPlan& plan, int64_t n, const Runner& runner, Fn&& fn) {
+    return ForEachShard(plan.begin, plan.order.data(), n, runner, std::forward<Fn>(fn));
+  }
+
+  // The same over the n batch indices order[begin[s] .. begin[s + 1]) of
+  // each shard s; with `serial`, shards run one after another on this thread.
+  template <typename Fn>
+  Status ForEachShard(const std::array<uint32_t, kNumShards + 1>& begin, const uint32_t* order,
+                      int64_t n, const Runner& runner, Fn&& fn, bool serial = false) {
     std::mutex error_mu;
     Status first_error;
-    auto run = [&](int64_t begin, int64_t end) {
-      for (int64_t s = begin; s < end; ++s) {
-        const uint32_t b = plan.begin[s], e = plan.begin[s + 1];
+    auto run = [&](int64_t first, int64_t last) {
+      for (int64_t s = first; s < last; ++s) {
+        const uint32_t b = begin[s], e = begin[s + 1];
         if (b == e) continue;
-        Status status = fn(shards_[s], plan.order.data() + b, static_cast<int64_t>(e - b));
+        Status status =
+            fn(static_cast<int>(s), shards_[s], order + b, static_cast<int64_t>(e - b));
         if (!status.ok()) {
           std::lock_guard<std::mutex> lock(error_mu);
           if (first_error.ok()) first_error = status;
         }
       }
     };
-    if (n < kParallelMinKeys) {
+    if (serial || n < kParallelMinKeys) {
       run(0, kNumShards);
     } else {
       const int64_t keys_per_shard = n / kNumShards + 1;
@@ -536,27 +803,343 @@ class CpuTable final : public Table {
     }
   }
 
-  Status FindOrInsert(Shard& shard, uint64_t hash, In key, uint32_t* row, bool* existed) {
-    uint64_t pos = FindPosition(shard, hash, key);
-    if (!SlotEmpty(shard.slots[pos])) {
-      *row = SlotRow(shard.slots[pos]);
-      *existed = true;
-      return Status::Ok();
+  // Applies a writing batch: run_pass(pass, shard, idx, count, deferred) for
+  // every shard the batch touches, shards in parallel, each under its
+  // exclusive lock; run_pass applies the shard's rows idx[0 .. count) in
+  // order (the row loop is written in each operation so that it inlines).
+  // With `deferred` non-null, run_pass must defer rows whose key is absent
+  // (deferred->Add(i)) instead of applying them.
+  //
+  // When the batch may fill a bounded table it runs in two rounds: first the
+  // rows whose key is present (apply returns deferred for the others), then
+  // the deferred rows. So the new keys' evictions find the batch's existing
+  // keys already rescored, and do not evict a key a later row of the same
+  // batch updates. A key is present for all of its rows in round one or
+  // absent for all (round one inserts nothing), so each key's rows still
+  // apply in batch order. The second round runs on this thread: its
+  // evictions lock the shard that holds the table's minimum, so threads
+  // evicting in parallel mostly wait for each other (2 threads: 0.5 M
+  // evicting inserts/s, 1 thread: 1.2 M/s), and one thread makes the choice
+  // of victims independent of thread timing.
+  template <typename RunPass>
+  Status WriteBatch(const BatchPlan& plan, int64_t n, const Runner& runner, RunPass&& run_pass) {
+    const bool two_rounds =
+        bounded_ && reserved_.load(std::memory_order_relaxed) + n > options_.max_capacity;
+    std::vector<uint32_t> deferred(two_rounds ? n : 0);
+    std::array<uint32_t, kNumShards> num_deferred{};
+    const auto round = [&](const std::array<uint32_t, kNumShards + 1>& begin,
+                           const uint32_t* order, int64_t rows, bool defer, bool serial) {
+      return ForEachShard(
+          begin, order, rows, runner,
+          [&](int s, Shard& shard, const uint32_t* idx, int64_t count) {
+            std::unique_lock<std::shared_mutex> lock(shard.mu);
+            WritePass pass(s);
+            DeferredRows rows_out{defer ? deferred.data() + begin[s] : nullptr, 0};
+            Status status = run_pass(pass, shard, idx, count, defer ? &rows_out : nullptr);
+            if (defer) num_deferred[s] = rows_out.count;
+            Publish(pass);
+            return status;
+          },
+          serial);
+    };
+    DYNEMB_RETURN_IF_ERROR(round(plan.begin, plan.order.data(), n, two_rounds, false));
+    if (!two_rounds) return Status::Ok();
+    // Compact each shard's deferred rows to the front (never overtaking).
+    std::array<uint32_t, kNumShards + 1> begin;
+    begin[0] = 0;
+    for (int s = 0; s < kNumShards; ++s) {
+      std::memmove(deferred.data() + begin[s], deferred.data() + plan.begin[s],
+                   num_deferred[s] * sizeof(uint32_t));
+      begin[s + 1] = begin[s] + num_deferred[s];
     }
-    *existed = false;
+    return round(begin, deferred.data(), begin[kNumShards], false, /*serial=*/true);
+  }
+
+  // Inserts `key`, absent from shard pass.shard (locked; its probe ended at
+  // `pos`), with `value`, `score` and (bounded tables) `age`. In a bounded
+  // table it first makes room (MakeRoom): it may evict an entry or turn the
+  // key away. Sets *status only on an error (assigning a Status per key
+  // costs more than the rest of an insert's bookkeeping).
+  void InsertNew(WritePass& pass, int64_t rows_left, uint64_t hash, In key, uint64_t pos,
+                 const char* value, uint64_t score, uint64_t age, EvictedWriter* out,
+                 Status* status) {
+    Shard& shard = shards_[pass.shard];
+    Room room = Room::kFree;
+    if (bounded_) {
+      room = MakeRoom(pass, rows_left, key, value, score, out);
+      if (room == Room::kTurnedAway) return;
+      // Evicting from this shard shifted its slots.
+      if (room == Room::kEvictedHere) pos = FindPosition(shard, hash, key);
+    }
     const int64_t size = shard.size.load(std::memory_order_relaxed);
     if (shard.NeedsGrowthFor(size + 1)) {
       Grow(shard);
       pos = FindPosition(shard, hash, key);
     }
-    if (!shard.rows.Allocate(row)) {
-      return Status(StatusCode::kResourceExhausted,
-                    "a table shard ran out of row indices (2^32 - 1 keys per shard)");
+    uint32_t row = 0;
+    if (!shard.rows.Allocate(&row)) {
+      if (room == Room::kFree) {
+        ++pass.stash;  // the reserved unit was not used
+      } else {         // an entry was evicted for nothing: its unit is free
+        --pass.size_delta;
+        ++pass.released;
+      }
+      *status = Status(StatusCode::kResourceExhausted,
+                       "a table shard ran out of row indices (2^32 - 1 keys per shard)");
+      return;
     }
-    Traits::Construct(shard.rows.Row(*row), key);
-    shard.slots[pos] = MakeSlot(static_cast<uint32_t>(hash), *row);
+    char* r = shard.rows.Row(row);
+    Traits::Construct(r, key);
+    std::memcpy(r + value_offset_, value, value_bytes_);
+    SetScore(r, score);
+    shard.slots[pos] = MakeSlot(static_cast<uint32_t>(hash), row);
     shard.size.store(size + 1, std::memory_order_relaxed);
-    return Status::Ok();
+    ++pass.pc.inserts;
+    // An eviction made room: the table's size is unchanged.
+    if (room == Room::kFree) ++pass.size_delta;
+    if (bounded_) OnWrite(pass.shard, row, r, score, age, /*lowered=*/true);
+  }
+
+  // A writer changed the score of existing row `row` (at `r`) from `old` to
+  // `score`.
+  void Rescore(int s, uint32_t row, char* r, uint64_t old, uint64_t score, uint64_t age) {
+    SetScore(r, score);
+    // A rising (score, age) leaves the row's heap entry valid as a lower
+    // bound (it is re-pushed lazily); a lowered score needs an entry.
+    if (bounded_) OnWrite(s, row, r, score, age, /*lowered=*/score < old);
+  }
+
+  // A bounded shard's row was written with `score` at `age`. If its (score,
+  // age) is new or lower, the heap and the shard's hint learn of it.
+  void OnWrite(int s, uint32_t row, char* r, uint64_t score, uint64_t age, bool lowered) {
+    Shard& shard = shards_[s];
+    SetAge(r, age);
+    if (!lowered) return;
+    if (RankKey{score, age} < Hint(s)) SetHint(s, RankKey{score, age});
+    if (!shard.heap_built) return;  // BuildHeap will read the row
+    // Grow by a quarter rather than double: the heap holds ~1 entry per key,
+    // and a full table's shards drift only a little in size.
+    if (shard.heap.size() == shard.heap.capacity()) {
+      shard.heap.reserve(shard.heap.size() + shard.heap.size() / 4 + 16);
+    }
+    shard.heap.push_back(HeapEntry{score, age, row});
+    std::push_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
+    // Dead and re-ranked entries accumulate; rebuilding from the live rows
+    // keeps the heap within ~2 entries per key.
+    const auto live = static_cast<size_t>(shard.size.load(std::memory_order_relaxed));
+    if (shard.heap.size() > 2 * live + 64) BuildHeap(shard);
+  }
+
+  void BuildHeap(Shard& shard) {
+    shard.heap.clear();
+    shard.heap.reserve(static_cast<size_t>(shard.size.load(std::memory_order_relaxed)) + 16);
+    for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
+      const uint64_t slot = shard.slots[pos];
+      if (SlotEmpty(slot)) continue;
+      const char* r = shard.rows.Row(SlotRow(slot));
+      shard.heap.push_back(HeapEntry{AtomicLoadScore(r + score_offset_), Age(r), SlotRow(slot)});
+    }
+    std::make_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
+    shard.heap_built = true;
+  }
+
+  uint64_t Age(const char* row) const {
+    uint64_t age;
+    std::memcpy(&age, row + age_offset_, sizeof(age));
+    return age;
+  }
+  void SetAge(char* row, uint64_t age) const { std::memcpy(row + age_offset_, &age, sizeof(age)); }
+
+  // Ages for a writing batch of n rows: row i was written at base + i. One
+  // atomic add per batch; 2^64 rows never wrap.
+  uint64_t AgeBase(int64_t n) {
+    return bounded_ ? rows_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed)
+                    : 0;
+  }
+
+  // Shard s's published hint: a lower bound of its lowest (score, age). Two
+  // relaxed words: a reader racing a writer may see a mixed pair, which only
+  // makes eviction approximate under concurrency.
+  RankKey Hint(int s) const {
+    return RankKey{hint_score_[s].load(std::memory_order_relaxed),
+                   hint_age_[s].load(std::memory_order_relaxed)};
+  }
+  void SetHint(int s, RankKey key) {
+    hint_score_[s].store(key.score, std::memory_order_relaxed);
+    hint_age_[s].store(key.age, std::memory_order_relaxed);
+  }
+
+  // Brings shard s's lowest (score, age) live entry to the top of its heap
+  // (building the heap on first use) and publishes it as the shard's hint,
+  // now exact. The caller holds the shard's exclusive lock. Returns false
+  // when the shard is empty.
+  bool ValidateTop(int s, Victim* top) {
+    Shard& shard = shards_[s];
+    if (!shard.heap_built) BuildHeap(shard);
+    std::vector<HeapEntry>& heap = shard.heap;
+    while (!heap.empty()) {
+      const HeapEntry e = heap.front();
+      const char* r = shard.rows.Row(e.row);
+      const uint64_t age = Age(r);
+      const uint64_t score = AtomicLoadScore(r + score_offset_);
+      if (age != e.age || score != e.score) {
+        std::pop_heap(heap.begin(), heap.end(), HeapAfter());
+        if (age == kDeadAge) {  // evicted or removed since it was pushed
+          heap.pop_back();
+        } else {  // written or re-scored since (or a new key's reused row): re-rank
+          heap.back() = HeapEntry{score, age, e.row};
+          std::push_heap(heap.begin(), heap.end(), HeapAfter());
+        }
+        continue;
+      }
+      // `e` stays on top, where EvictAt expects it.
+      top->shard = s;
+      top->key = RankKey{score, age};
+      SetHint(s, top->key);
+      return true;
+    }
+    SetHint(s, kNoEntryKey);
+    return false;
+  }
+
+  // Locks shard t for eviction while the caller holds shards up to index
+  // `max_held`. Blocking only on a higher index than every lock held keeps
+  // one global lock order, so two evicting writers cannot deadlock; a lower
+  // index is only tried. The returned lock may not own the mutex.
+  std::unique_lock<std::shared_mutex> LockForEviction(int t, int max_held) {
+    std::unique_lock<std::shared_mutex> lock(shards_[t].mu, std::defer_lock);
+    if (t > max_held) {
+      lock.lock();
+      return lock;
+    }
+    for (int attempt = 0; attempt < kEvictLockTries; ++attempt) {
+      if (lock.try_lock()) break;
+      std::this_thread::yield();
+    }
+    return lock;
+  }
+
+  // Finds the entry of lowest (score, age) in the table, for a new key of
+  // shard pass.shard (whose lock the caller holds). The pass keeps the other
+  // shards in a priority queue by their hints (lower bounds): the top shard
+  // is locked and validated (its key becomes exact and goes back in), until
+  // the best entry found is at or below every key left in the queue: then it
+  // is the global minimum. The queue stays valid for the whole pass since the
+  // pass only raises other shards' minimums (by evicting from them), so most
+  // rows validate one or two shards. `*victim_lock` holds the victim's shard
+  // lock when it is not pass.shard. Returns false if no entry was found (the
+  // budget is all reserved by passes still inserting).
+  bool FindVictim(WritePass& pass, Victim* best, std::unique_lock<std::shared_mutex>* victim_lock) {
+    const int s = pass.shard;
+    bool found = ValidateTop(s, best);
+    std::vector<ShardKey>& queue = pass.candidates;
+    if (!pass.candidates_built) {
+      queue.clear();
+      for (int u = 0; u < kNumShards; ++u) {
+        if (u != s) queue.push_back(ShardKey{Hint(u), u});
+      }
+      std::make_heap(queue.begin(), queue.end(), ShardKeyAfter());
+      pass.candidates_built = true;
+    }
+    std::vector<ShardKey> skipped;  // busy shards, back in the queue afterwards
+    for (int visits = 0; visits < kNumShards && !queue.empty(); ++visits) {
+      const ShardKey top = queue.front();
+      if (found && !(top.key < best->key)) break;  // nothing left can beat best
+      std::pop_heap(queue.begin(), queue.end(), ShardKeyAfter());
+      queue.pop_back();
+      std::unique_lock<std::shared_mutex> lock =
+          LockForEviction(top.shard, std::max(s, found ? best->shard : s));
+      if (!lock.owns_lock()) {  // busy: approximate rather than wait
+        skipped.push_back(top);
+        continue;
+      }
+      Victim candidate;
+      const bool nonempty = ValidateTop(top.shard, &candidate);
+      queue.push_back(ShardKey{nonempty ? candidate.key : kNoEntryKey, top.shard});
+      std::push_heap(queue.begin(), queue.end(), ShardKeyAfter());
+      if (nonempty && (!found || candidate.key < best->key)) {
+        *best = candidate;
+        *victim_lock = std::move(lock);  // releases the previous victim's shard
+        found = true;
+      }
+    }
+    for (const ShardKey& k : skipped) {
+      queue.push_back(k);
+      std::push_heap(queue.begin(), queue.end(), ShardKeyAfter());
+    }
+    return found;
+  }
+
+  // Room for one new key of `score` in bounded shard pass.shard (locked).
+  // Below max_capacity a unit of the global budget is reserved (in bulk: up
+  // to the rows left in the pass, at most 1/8 of what is free, so that
+  // concurrent passes rarely hold budget another one needs; returned when the
+  // pass ends). When the table is full, the entry of lowest (score, age) is
+  // evicted and reported, or, if the new key's own score is lower, the key is
+  // turned away and reported instead (a tie evicts the stored entry: it is
+  // older).
+  // Out of line: the insert loop stays small for unbounded tables.
+  __attribute__((noinline)) Room MakeRoom(WritePass& pass, int64_t rows_left, In key,
+                                          const char* value, uint64_t score, EvictedWriter* out) {
+    for (int attempt = 0;; ++attempt) {
+      if (pass.stash == 0) pass.stash = TryReserve(rows_left);
+      if (pass.stash > 0) {
+        --pass.stash;
+        return Room::kFree;
+      }
+      Victim victim;
+      std::unique_lock<std::shared_mutex> victim_lock;
+      if (FindVictim(pass, &victim, &victim_lock)) {
+        ++pass.pc.evictions;
+        if (score < victim.key.score) {
+          out->Write(key, value, score);
+          return Room::kTurnedAway;
+        }
+        EvictAt(victim, out);
+        return victim.shard == pass.shard ? Room::kEvictedHere : Room::kEvictedElsewhere;
+      }
+      // Full, yet nothing to evict: other passes hold the budget as
+      // reservations they are about to use or return. Never wait for them
+      // while holding a lock (one of them may wait for ours).
+      if (attempt == kNoVictimRetries) {
+        ++pass.pc.evictions;
+        out->Write(key, value, score);
+        return Room::kTurnedAway;
+      }
+      std::this_thread::yield();
+      rows_left = 1;
+    }
+  }
+
+  // Takes up to `want` units of the max_capacity budget: all of it when
+  // plenty is free, one at a time near the limit.
+  int64_t TryReserve(int64_t want) {
+    int64_t current = reserved_.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t free = options_.max_capacity - current;
+      if (free <= 0) return 0;
+      const int64_t take = std::min(want, std::max<int64_t>(1, free / 8));
+      if (reserved_.compare_exchange_weak(current, current + take, std::memory_order_relaxed)) {
+        return take;
+      }
+    }
+  }
+
+  // Evicts the entry ValidateTop left on top of its shard's heap (the shard
+  // is locked), reporting it before its row is freed.
+  void EvictAt(const Victim& victim, EvictedWriter* out) {
+    Shard& shard = shards_[victim.shard];
+    const char* r = shard.rows.Row(shard.heap.front().row);
+    const In key = Traits::View(r);
+    const uint64_t pos = FindPosition(shard, HashKey(key), key);
+    out->Write(key, r + value_offset_, victim.key.score);
+    std::pop_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
+    shard.heap.pop_back();
+    EraseAt(shard, pos);
+    // The next entry is a lower bound of the shard's new minimum.
+    SetHint(victim.shard, shard.heap.empty()
+                              ? kNoEntryKey
+                              : RankKey{shard.heap.front().score, shard.heap.front().age});
   }
 
   // Doubles the slot array. Slots carry their hash bits, so rows are not read.
@@ -580,6 +1163,7 @@ class CpuTable final : public Table {
   void EraseAt(Shard& shard, uint64_t pos) {
     const uint32_t row = SlotRow(shard.slots[pos]);
     Traits::Destroy(shard.rows.Row(row));
+    if (bounded_) SetAge(shard.rows.Row(row), kDeadAge);
     shard.rows.Free(row);
     const uint64_t mask = shard.mask();
     uint64_t hole = pos;
@@ -648,10 +1232,21 @@ class CpuTable final : public Table {
     misses_.fetch_add(misses, std::memory_order_relaxed);
   }
 
-  void Publish(const PassCounters& pc) {
+  // Publishes a writing pass, before its shard lock is released.
+  void Publish(WritePass& pass) {
+    const PassCounters& pc = pass.pc;
     if (pc.inserts) inserts_.fetch_add(pc.inserts, std::memory_order_relaxed);
     if (pc.updates) updates_.fetch_add(pc.updates, std::memory_order_relaxed);
     if (pc.removes) removes_.fetch_add(pc.removes, std::memory_order_relaxed);
+    if (pc.evictions) evictions_.fetch_add(pc.evictions, std::memory_order_relaxed);
+    // size_ never exceeds reserved_: the pass's new keys were reserved before
+    // it counts them here, and removals leave the budget only after size_.
+    if (pass.size_delta != 0) size_.fetch_add(pass.size_delta, std::memory_order_relaxed);
+    if (bounded_ && pass.stash + pass.released != 0) {
+      reserved_.fetch_sub(pass.stash + pass.released, std::memory_order_relaxed);
+    }
+    pass.stash = 0;
+    pass.released = 0;
   }
 
   void WriteKey(ExportSink* sink, void* keys, int64_t i, const char* row) const {
@@ -698,10 +1293,25 @@ class CpuTable final : public Table {
   const TableOptions options_;
   const size_t value_bytes_;
   const AddRowFn add_row_;
+  const bool bounded_;  // max_capacity > 0
   size_t score_offset_ = 0;
+  size_t age_offset_ = 0;  // bounded tables only
   size_t value_offset_ = 0;
   size_t stride_ = 0;
   std::unique_ptr<Shard[]> shards_;
+
+  // Keys in the table, as published by finished passes (Size()).
+  std::atomic<int64_t> size_{0};
+  // Bounded tables: keys plus the budget passes have reserved and not yet
+  // used or returned; never above max_capacity.
+  std::atomic<int64_t> reserved_{0};
+  // Bounded tables: rows written so far (the next batch's first age).
+  std::atomic<uint64_t> rows_written_{0};
+  // Per shard, a lower bound of its lowest (score, age) (kNoEntryKey if
+  // empty), read without the shard's lock to pick eviction victims. Apart
+  // from the shard structs so reading them does not touch contended lock words.
+  std::array<std::atomic<uint64_t>, kNumShards> hint_score_;
+  std::array<std::atomic<uint64_t>, kNumShards> hint_age_;
 
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> insert_batches_{0};

@@ -29,6 +29,10 @@ class RowSlab {
     return chunks_[chunk].get() + static_cast<size_t>(offset) * stride_;
   }
 
+  // Whether `index` is a row of the slab (allocated at some point since the
+  // last Reset; it may be free now).
+  bool Contains(uint32_t index) const { return index < high_water_; }
+
   // Hands out a free row (recycled first). Returns false when the shard has
   // used every row index.
   bool Allocate(uint32_t* index) {

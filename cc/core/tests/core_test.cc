@@ -9,9 +9,11 @@
 // tests/test_core_cpp.py builds and runs it under pytest. The exhaustive
 // conformance tests are in Python (tests/test_core_conformance.py); this file
 // checks the C++ surface the bindings do not reach: the Runner contract,
-// ExportSink/ChunkSink/ByteSink/ByteSource use, the value arithmetic, and the
-// status codes.
+// ExportSink/ChunkSink/ByteSink/ByteSource/EvictedEntries use, the value
+// arithmetic, the status codes, and bounded tables under concurrent writers
+// (eviction quality is tested in Python: tests/test_core_eviction.py).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <stdexcept>
 #include <memory>
@@ -639,6 +642,302 @@ void TestPartitionIsStable() {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Bounded tables (eviction)
+// ---------------------------------------------------------------------------
+
+// EvictedEntries over vectors of n rows, for int64 keys and float values.
+struct EvictedBuffers {
+  std::vector<int64_t> keys;
+  std::vector<float> values;
+  std::vector<uint64_t> scores;
+  EvictedEntries entries;
+  EvictedBuffers(int64_t n, int64_t dim) : keys(n), values(n * dim), scores(n) {
+    entries.keys = keys.data();
+    entries.values = values.data();
+    entries.scores = scores.data();
+  }
+  std::map<int64_t, std::pair<float, uint64_t>> Map() const {
+    std::map<int64_t, std::pair<float, uint64_t>> m;
+    for (int64_t i = 0; i < entries.count; ++i) m[keys[i]] = {values[i * (values.size() / keys.size())], scores[i]};
+    return m;
+  }
+};
+
+std::unique_ptr<Table> MakeBounded(KeyType key, EvictStrategy strategy, int64_t max_capacity,
+                                   int64_t dim = 1, bool find_updates_scores = false) {
+  TableOptions o;
+  o.key_type = key;
+  o.value_type = ValueType::kFloat32;
+  o.dim = dim;
+  o.strategy = strategy;
+  o.max_capacity = max_capacity;
+  o.find_updates_scores = find_updates_scores;
+  Status s;
+  std::unique_ptr<Table> t = NewCpuTable(o, &s);
+  CHECK_OK(s);
+  return t;
+}
+
+std::map<int64_t, uint64_t> ExportScores(Table& t) {
+  VectorSink sink(t.options().dim);
+  CHECK_OK(t.Export(&sink));
+  std::map<int64_t, uint64_t> m;
+  for (int64_t i = 0; i < sink.n; ++i) m[sink.keys[i]] = sink.scores[i];
+  return m;
+}
+
+// LRU batches: nothing is evicted below max_capacity; then each batch evicts
+// exactly the oldest one, reported with its values and scores.
+void TestBoundedLruBatches(const Runner& runner) {
+  const int64_t kBatch = 16, kMax = 64;
+  auto t = MakeBounded(KeyType::kInt64, EvictStrategy::kLru, kMax, 2);
+  std::vector<std::map<int64_t, uint64_t>> batch_scores;
+  for (int64_t b = 0; b < 8; ++b) {
+    std::vector<int64_t> keys(kBatch);
+    std::vector<float> values(kBatch * 2);
+    for (int64_t i = 0; i < kBatch; ++i) {
+      keys[i] = b * 1000000 + i * 7919;  // batch b: keys / 1000000 == b
+      values[2 * i] = values[2 * i + 1] = static_cast<float>(keys[i]);
+    }
+    const std::map<int64_t, uint64_t> before = ExportScores(*t);
+    EvictedBuffers ev(kBatch, 2);
+    CHECK_OK(t->InsertAndEvict(keys.data(), kBatch, values.data(), nullptr, &ev.entries, runner));
+    CHECK(t->Size() == std::min<int64_t>((b + 1) * kBatch, kMax));
+    if (b < 4) {
+      CHECK(ev.entries.count == 0);
+      continue;
+    }
+    // Batch b - 4 is the oldest: exactly its keys, with their rows and scores.
+    CHECK(ev.entries.count == kBatch);
+    const auto got = ev.Map();
+    CHECK(static_cast<int64_t>(got.size()) == kBatch);
+    for (const auto& [key, row] : got) {
+      CHECK(key / 1000000 == b - 4);
+      CHECK(row.first == static_cast<float>(key));
+      CHECK(row.second == before.at(key));
+    }
+  }
+  CHECK(t->Capacity() == kMax);
+  CHECK(t->Counters().evictions == 4 * kBatch);
+  CHECK(t->Counters().inserts == 8 * kBatch);
+}
+
+// The reporting buffers may be null (counted, not written); string keys go
+// through the callback, copied before their row is freed.
+void TestEvictedEntriesBuffers(const Runner& runner) {
+  auto t = MakeBounded(KeyType::kString, EvictStrategy::kCustomized, 4, 3);
+  std::vector<std::string> storage = {"a", std::string(100, 'b'), std::string("\0c", 2), ""};
+  std::vector<std::string_view> keys(storage.begin(), storage.end());
+  std::vector<float> values = {1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4};
+  const uint64_t scores[] = {40, 10, 30, 20};
+  CHECK_OK(t->Insert(keys.data(), 4, values.data(), scores, runner));
+
+  std::vector<std::string> new_storage = {std::string(50, 'x'), "y"};
+  std::vector<std::string_view> new_keys(new_storage.begin(), new_storage.end());
+  const float new_values[] = {5, 5, 5, 6, 6, 6};
+  const uint64_t new_scores[] = {50, 5};  // "y" ranks below every stored entry
+  std::vector<std::string> ev_keys(2);
+  std::vector<float> ev_values(6, -1);
+  EvictedEntries ev;
+  ev.values = ev_values.data();  // scores not wanted
+  ev.string_key = [&](int64_t i, std::string_view key) { ev_keys[i] = std::string(key); };
+  CHECK_OK(t->InsertAndEvict(new_keys.data(), 2, new_values, new_scores, &ev, runner));
+  CHECK(ev.count == 2);
+  std::map<std::string, float> got;
+  for (int i = 0; i < 2; ++i) got[ev_keys[i]] = ev_values[3 * i];
+  // The lowest stored entry (100 x 'b', score 10) made room for 50 x 'x';
+  // "y" (score 5) was turned away with the value it was given.
+  CHECK(got.size() == 2 && got.at(std::string(100, 'b')) == 2 && got.at("y") == 6);
+  CHECK(t->Size() == 4);
+
+  // Null buffers: still evicts and counts; count is set.
+  EvictedEntries none;
+  const std::string_view more[] = {"m1", "m2"};
+  const uint64_t high[] = {100, 101};
+  CHECK_OK(t->InsertAndEvict(more, 2, new_values, high, &none, runner));
+  CHECK(none.count == 2 && t->Size() == 4 && t->Counters().evictions == 4);
+  // Unbounded tables never evict; count is reset to 0.
+  auto u = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1);
+  const int64_t k[] = {1, 2};
+  const float v[] = {1, 2};
+  none.count = 77;
+  CHECK_OK(u->InsertAndEvict(k, 2, v, nullptr, &none, runner));
+  CHECK(none.count == 0 && u->Size() == 2);
+}
+
+// A score lowered by an explicit insert makes the key the next victim (the
+// heap gets an entry for it); a new key tying the minimum evicts the stored one.
+void TestLoweredScoresAndTies(const Runner& runner) {
+  auto t = MakeBounded(KeyType::kInt64, EvictStrategy::kCustomized, 100);
+  std::vector<int64_t> keys(100);
+  std::vector<float> values(100, 1);
+  std::vector<uint64_t> scores(100);
+  for (int i = 0; i < 100; ++i) {
+    keys[i] = i;
+    scores[i] = 1000 + i;
+  }
+  CHECK_OK(t->Insert(keys.data(), 100, values.data(), scores.data(), runner));
+  EvictedBuffers ev(1, 1);
+  int64_t key = 1000;
+  uint64_t score = 2000;
+  CHECK_OK(t->InsertAndEvict(&key, 1, values.data(), &score, &ev.entries, runner));
+  CHECK(ev.entries.count == 1 && ev.keys[0] == 0 && ev.scores[0] == 1000);
+  const int64_t lowered = 57;
+  const uint64_t low = 3;
+  CHECK_OK(t->Insert(&lowered, 1, values.data(), &low, runner));
+  key = 1001;
+  CHECK_OK(t->InsertAndEvict(&key, 1, values.data(), &score, &ev.entries, runner));
+  CHECK(ev.entries.count == 1 && ev.keys[0] == 57 && ev.scores[0] == 3);
+  // Tie with the minimum (1001, key 1): the stored entry goes.
+  key = 1002;
+  score = 1001;
+  CHECK_OK(t->InsertAndEvict(&key, 1, values.data(), &score, &ev.entries, runner));
+  CHECK(ev.entries.count == 1 && ev.keys[0] == 1);
+  CHECK(ExportScores(*t).count(1002) == 1 && t->Size() == 100);
+}
+
+// LRU with Find refreshing scores: the heap goes stale (entries below the
+// rows' scores) and must still find the least recently used, without its
+// memory growing over many rounds.
+void TestStaleHeapUnderFindRefresh(const Runner& runner) {
+  const int64_t kMax = 4096;
+  auto t = MakeBounded(KeyType::kInt64, EvictStrategy::kLru, kMax, 1, /*find_updates_scores=*/true);
+  std::vector<int64_t> keys(kMax);
+  std::vector<float> values(kMax, 0), out(kMax);
+  for (int64_t i = 0; i < kMax; ++i) keys[i] = i;
+  CHECK_OK(t->Insert(keys.data(), kMax, values.data(), nullptr, runner));
+  int64_t next = kMax;
+  int64_t memory_after_first_round = 0;
+  const float def = -1;
+  for (int round = 0; round < 20; ++round) {
+    // Touch all but the 256 stored keys of lowest (score, key), then insert
+    // 256 new ones: exactly the untouched keys must go. (Every round leaves
+    // exactly 256 keys at the older score, so the cut is never inside a tie.)
+    std::map<int64_t, uint64_t> stored = ExportScores(*t);
+    std::vector<int64_t> order;
+    for (const auto& [k, s] : stored) order.push_back(k);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return stored[a] != stored[b] ? stored[a] < stored[b] : a < b;
+    });
+    std::vector<int64_t> untouched(order.begin(), order.begin() + 256);
+    std::vector<int64_t> touched(order.begin() + 256, order.end());
+    CHECK_OK(t->Find(touched.data(), touched.size(), out.data(), nullptr, &def, false, runner));
+    std::vector<int64_t> fresh(256);
+    for (auto& k : fresh) k = next++;
+    EvictedBuffers ev(256, 1);
+    CHECK_OK(t->InsertAndEvict(fresh.data(), 256, values.data(), nullptr, &ev.entries, runner));
+    CHECK(ev.entries.count == 256);
+    std::vector<int64_t> got(ev.keys.begin(), ev.keys.end());
+    std::sort(got.begin(), got.end());
+    std::sort(untouched.begin(), untouched.end());
+    CHECK(got == untouched);
+    CHECK(t->Size() == kMax);
+    if (round == 0) memory_after_first_round = t->MemoryBytes();
+  }
+  // Stale entries are compacted: memory does not grow with the rounds.
+  CHECK(t->MemoryBytes() <= memory_after_first_round * 3 / 2);
+}
+
+// Many threads insert (with and without reporting), accumulate, remove,
+// export (whole and in chunks) and clear small bounded tables, with parallel
+// runners, while another thread watches Size(): it never exceeds
+// max_capacity, each batch reports at most n entries, and the final content
+// agrees with Size(). max_capacity 1 also exercises the "budget all reserved
+// by other passes" fallback.
+void TestConcurrentBounded() {
+  for (int64_t max_capacity : {int64_t{1}, int64_t{37}, int64_t{1000}}) {
+    for (EvictStrategy strategy : {EvictStrategy::kLru, EvictStrategy::kLfu}) {
+      auto t = MakeBounded(KeyType::kInt64, strategy, max_capacity, 4);
+      ThreadRunner runner(2);
+      std::atomic<bool> stop{false};
+      std::atomic<int64_t> max_seen{0};
+      std::thread watcher([&] {
+        while (!stop.load()) {
+          const int64_t s = t->Size();
+          if (s > max_seen.load()) max_seen = s;
+        }
+      });
+      try {
+        RunThreads(8, [&](int id) {
+          uint64_t x = 0x9E3779B97F4A7C15ULL * (id + 1);
+          auto next = [&x] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            return x;
+          };
+          std::vector<int64_t> keys(5000);
+          std::vector<float> values(5000 * 4, 1.0f);
+          std::vector<char> exists(5000);
+          for (int iter = 0; iter < 60; ++iter) {
+            const int64_t n = iter % 10 == 0 ? 5000 : static_cast<int64_t>(next() % 300);
+            for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>(next() % 20000);
+            switch (next() % 5) {
+              case 4: {  // whole-table readers (and a rare Clear) meanwhile
+                // ExportChunks is no snapshot (keys evicted and inserted while
+                // it runs may both be visited), but it never visits a key twice.
+                std::set<int64_t> seen;
+                bool duplicate = false;
+                CHECK_OK(t->ExportChunks(97, [&](const void* k, int64_t m, const void*,
+                                                 const uint64_t*) {
+                  for (int64_t r = 0; r < m; ++r) {
+                    duplicate |= !seen.insert(static_cast<const int64_t*>(k)[r]).second;
+                  }
+                  return Status::Ok();
+                }));
+                CHECK(!duplicate);
+                VectorSink sink(4);  // Export is a snapshot
+                CHECK_OK(t->Export(&sink));
+                CHECK(sink.n <= max_capacity);
+                if (iter == 30 && id == 0) t->Clear();
+                break;
+              }
+              case 0: {
+                EvictedBuffers ev(n, 4);
+                CHECK_OK(t->InsertAndEvict(keys.data(), n, values.data(), nullptr, &ev.entries,
+                                           runner));
+                CHECK(ev.entries.count >= 0 && ev.entries.count <= n);
+                break;
+              }
+              case 1:
+                CHECK_OK(t->Insert(keys.data(), n, values.data(), nullptr, runner));
+                break;
+              case 2:
+                for (int64_t i = 0; i < n; ++i) exists[i] = next() % 2;
+                CHECK_OK(t->Accum(keys.data(), n, values.data(),
+                                  reinterpret_cast<bool*>(exists.data()), runner));
+                break;
+              default:
+                CHECK_OK(t->Remove(keys.data(), n / 3, runner));
+            }
+            CHECK(t->Size() <= max_capacity);
+          }
+        });
+      } catch (...) {
+        stop = true;
+        watcher.join();
+        throw;
+      }
+      stop = true;
+      watcher.join();
+      CHECK(max_seen.load() <= max_capacity);
+      VectorSink sink(4);
+      CHECK_OK(t->Export(&sink));
+      CHECK(sink.n == t->Size() && sink.n <= max_capacity);
+      // Quiescent: the budget is all returned, so the table fills up again.
+      t->Clear();
+      std::vector<int64_t> keys(max_capacity);
+      std::vector<float> values(max_capacity * 4, 0.0f);
+      for (int64_t i = 0; i < max_capacity; ++i) keys[i] = i;
+      EvictedBuffers ev(max_capacity, 4);
+      CHECK_OK(t->InsertAndEvict(keys.data(), max_capacity, values.data(), nullptr, &ev.entries,
+                                 runner));
+      CHECK(ev.entries.count == 0 && t->Size() == max_capacity);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dynemb
 
@@ -661,6 +960,12 @@ int main() {
       {"partition_is_stable", TestPartitionIsStable},
       {"concurrent_writers", TestConcurrentWriters},
       {"concurrent_mixed", TestConcurrentMixed},
+      {"bounded_lru_batches/serial", [&] { TestBoundedLruBatches(serial); }},
+      {"bounded_lru_batches/threads", [&] { TestBoundedLruBatches(threads); }},
+      {"evicted_entries_buffers", [&] { TestEvictedEntriesBuffers(serial); }},
+      {"lowered_scores_and_ties", [&] { TestLoweredScoresAndTies(serial); }},
+      {"stale_heap_under_find_refresh", [&] { TestStaleHeapUnderFindRefresh(serial); }},
+      {"concurrent_bounded", TestConcurrentBounded},
   };
   const char* only = std::getenv("CORE_TEST_ONLY");
   int failed = 0;
