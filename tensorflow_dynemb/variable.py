@@ -441,6 +441,26 @@ class Variable(tf.Module):
                 return self._tables[index].size()
             return tf.add_n([table.size() for table in self._tables])
 
+    def stats(self, name: Optional[str] = None) -> Dict[str, tf.Tensor]:
+        """The shard tables' `stats()` summed over shards (see the table's `stats`);
+        `load_factor` is the total size over the total capacity.
+
+        Returns:
+          A dict of scalar tensors: `size`, `capacity`, `max_capacity`, `load_factor`
+          (float32), `inserts`, `lookups`, `misses`, `evictions`.
+        """
+        with tf.name_scope(name or f"{self._unique_name}_stats"):
+            per_shard = [table.stats() for table in self._tables]
+            total = {
+                key: tf.add_n([shard[key] for shard in per_shard])
+                for key in per_shard[0]
+                if key != "load_factor"
+            }
+            total["load_factor"] = tf.math.divide_no_nan(
+                tf.cast(total["size"], tf.float32), tf.cast(total["capacity"], tf.float32)
+            )
+            return total
+
     def export_with_scores(self, name: Optional[str] = None):
         """Every entry of every shard, with its score.
 

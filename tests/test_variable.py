@@ -102,20 +102,34 @@ def test_methods_inside_tf_function(shards):
 
 def test_export_with_hkv_shards_carries_scores():
     config = de.HkvHashTableConfig(
-        init_capacity=64, max_capacity=1024, evict_strategy=de.HkvEvictStrategy.CUSTOMIZED
+        init_capacity=64,
+        max_capacity=1024,
+        evict_strategy=de.HkvEvictStrategy.CUSTOMIZED,
+        gen_scores_fn=lambda keys: keys * 10,  # upserts through the Variable score this way
     )
     var = make_variable(dim=2, shards=3, kv_creator=de.HkvHashTableCreator(config))
     assert all(isinstance(t, de.HkvHashTable) for t in var.tables)
     for table in var.tables:
         assert table.max_capacity == 1024
-    keys = np.arange(30, dtype=np.int64)
-    var.upsert(keys, np.zeros([30, 2], np.float32))
-    # Scores set through the shard tables directly, as an optimizer would not.
-    for table in var.tables:
-        shard_keys = table.export()[0]
-        table.insert(shard_keys, table.lookup(shard_keys), scores=shard_keys * 10)
+    var.upsert(np.arange(30, dtype=np.int64), np.zeros([30, 2], np.float32))
     k, _, s = var.export_with_scores()
+    assert sorted(k.numpy().tolist()) == list(range(30))
     np.testing.assert_array_equal(s.numpy(), k.numpy() * 10)
+
+
+def test_stats_sum_the_shards():
+    config = de.HkvHashTableConfig(init_capacity=16, max_capacity=40)
+    var = make_variable(dim=2, shards=3, kv_creator=de.HkvHashTableCreator(config))
+    var.upsert(np.arange(200, dtype=np.int64), np.zeros([200, 2], np.float32))
+    var.lookup(np.arange(300, dtype=np.int64))
+    stats = {k: v.numpy() for k, v in var.stats().items()}
+    shards = [{k: v.numpy() for k, v in t.stats().items()} for t in var.tables]
+    for key in ("size", "capacity", "max_capacity", "inserts", "lookups", "misses", "evictions"):
+        assert stats[key] == sum(shard[key] for shard in shards), key
+    assert stats["size"] == int(var.size()) <= 120 and stats["max_capacity"] == 120
+    assert stats["lookups"] == 300 and stats["misses"] == 300 - stats["size"]
+    assert stats["evictions"] == 200 - stats["size"]
+    np.testing.assert_allclose(stats["load_factor"], stats["size"] / stats["capacity"], rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------

@@ -67,18 +67,18 @@ def test_checkpoint_restores_into_any_number_of_shards(key_dtype, chain, tmp_pat
 
 def test_checkpoint_keeps_hkv_scores_across_shardings(tmp_path):
     config = de.HkvHashTableConfig(
-        init_capacity=64, max_capacity=4096, evict_strategy=de.HkvEvictStrategy.CUSTOMIZED
+        init_capacity=64,
+        max_capacity=4096,
+        evict_strategy=de.HkvEvictStrategy.CUSTOMIZED,
+        gen_scores_fn=lambda keys: keys * 3 + 1,
     )
     var = sharded(2, kv_creator=de.HkvHashTableCreator(config))
-    keys = np.arange(100, dtype=np.int64)
-    var.upsert(keys, np.zeros([100, 3], np.float32))
-    for table in var.tables:
-        k = table.export()[0]
-        table.insert(k, table.lookup(k), scores=k * 3 + 1)
+    var.upsert(np.arange(100, dtype=np.int64), np.zeros([100, 3], np.float32))
     prefix = tf.train.Checkpoint(v=var).write(str(tmp_path / "c"))
     restored = sharded(3, kv_creator=de.HkvHashTableCreator(config))
     tf.train.Checkpoint(v=restored).read(prefix).assert_consumed()
     k, _, s = restored.export_with_scores()
+    assert sorted(k.numpy().tolist()) == list(range(100))
     np.testing.assert_array_equal(s.numpy(), k.numpy() * 3 + 1)
 
 
