@@ -15,7 +15,6 @@ import tensorflow as tf
 import tensorflow_dynemb as de
 from _tables_util import (
     KEY_DTYPES,
-    as_key_array,
     dtype_id,
     graph_mode_results,
     make_keys,
