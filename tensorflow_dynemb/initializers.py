@@ -109,12 +109,7 @@ def _config(initializer: Any) -> Optional[dict]:
 
 def _constant_row(value: Any, dim: int, value_dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     """A scalar (broadcast) or `[dim]` value as the `[dim]` default row."""
-    if isinstance(value, (list, tuple, np.ndarray)) or tf.is_tensor(value):
-        row = convert(value, value_dtype, arg) if tf.is_tensor(value) else tf.constant(
-            np.asarray(value), dtype=value_dtype
-        )
-    else:
-        row = convert(value, value_dtype, arg)
+    row = convert(value, value_dtype, arg)
     if row.shape.rank == 0:
         return tf.fill([dim], row)
     if row.shape.rank == 1 and row.shape[0] == dim:
@@ -147,12 +142,14 @@ def make_row_initializer(
       ValueError: a value that is neither a scalar nor `[dim]`.
     """
     if initializer is None:
-        initializer = 0
+        initializer = tf.zeros([], value_dtype)  # 0 in any dtype (bool: False)
     name = type(initializer).__name__
     config = _config(initializer) if callable(initializer) else None
 
     if config is not None and name in _CONSTANT_INITIALIZERS:
-        row = _constant_row(_CONSTANT_INITIALIZERS[name], dim, value_dtype, arg)
+        # 0 and 1 mean the same in every value dtype, bool included: cast, not convert.
+        constant = tf.cast(_CONSTANT_INITIALIZERS[name], value_dtype)
+        row = _constant_row(constant, dim, value_dtype, arg)
         return RowInitializer(row, per_key=False)
     if config is not None and name == "Constant" and "value" in config:
         return RowInitializer(_constant_row(config["value"], dim, value_dtype, arg), per_key=False)

@@ -290,6 +290,18 @@ def test_callable_initializer_gives_a_repeated_missing_key_one_row():
     assert not np.array_equal(rows[0], rows[1])
 
 
+@pytest.mark.parametrize("value_dtype", [tf.bool, tf.int8, tf.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize(
+    "initializer, expected",
+    [(None, 0), (tf.keras.initializers.Zeros(), 0), (tf.keras.initializers.Ones(), 1)],
+    ids=["none", "zeros", "ones"],
+)
+def test_default_and_zeros_ones_initializers_in_every_value_dtype(value_dtype, initializer, expected):
+    var = make_variable(value_dtype=value_dtype, dim=3, initializer=initializer)
+    got = comparable(var.lookup(tf.constant([1, 2], tf.int64)))
+    np.testing.assert_array_equal(got, np.full((2, 3), expected).astype(got.dtype))
+
+
 def test_seeded_initializer_depends_only_on_seed_and_key():
     keys = tf.constant([3, -7, 2**50, 0], tf.int64)
     init = tf.keras.initializers.RandomNormal(0.0, 1.0, seed=1234)
