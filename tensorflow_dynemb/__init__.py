@@ -21,6 +21,13 @@ from tensorflow_dynemb.tables import (
     HkvHashTable,
     HkvHashTableConfig,
 )
+from tensorflow_dynemb.optimizer import DynamicEmbeddingOptimizer
+from tensorflow_dynemb.policies import (
+    FrequencyAdmitPolicy,
+    FrequencyRestrictPolicy,
+    RestrictPolicy,
+    TimestampRestrictPolicy,
+)
 from tensorflow_dynemb.sharding import (
     CuckooHashTableCreator,
     HashTableCreator,
@@ -38,6 +45,11 @@ _ops.load_op_library()
 __all__ = [
     "CuckooHashTable",
     "CuckooHashTableCreator",
+    "DynamicEmbeddingOptimizer",
+    "FrequencyAdmitPolicy",
+    "FrequencyRestrictPolicy",
+    "RestrictPolicy",
+    "TimestampRestrictPolicy",
     "HashTableCreator",
     "HkvHashTableCreator",
     "Variable",

@@ -18,9 +18,13 @@ clips each looked-up row to that L2 norm before combining, as `tf.nn` does.
 `partition_strategy` and `validate_indices` are accepted for compatibility and ignored:
 a `de.Variable` routes keys to its shards itself, and any key may be looked up.
 
-Every function fetches rows through `_lookup_rows`, the one place that will hand out a
-trainable view of the rows (`return_trainable=True`) once `de.DynamicEmbeddingOptimizer`
-exists.
+Every function fetches rows through `_lookup_rows`, the one place that hands out a
+trainable view of the rows: with `return_trainable=True` a function returns
+`(result, trainable)`, where `trainable` is the `tf.Variable` that tapes and
+`de.DynamicEmbeddingOptimizer` train (TFRA's TrainableWrapper). Lookups of a trainable
+variable in a TF1 graph, in a `tf.function`, or eagerly under a `tf.GradientTape` read
+through that view even without `return_trainable`; `name` names it (default: the
+function's name), and `params.get_trainable_by_name(name)` returns it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_dynemb._convert import TensorLike, convert
+from tensorflow_dynemb.trainable import tape_may_record
 from tensorflow_dynemb.variable import Variable
 
 __all__ = [
@@ -88,19 +93,30 @@ def _check_options(params: Variable, max_norm: Any, combiner: Optional[str] = No
 
 
 def _lookup_rows(
-    params: Variable, ids: tf.Tensor, return_trainable: bool
+    params: Variable, ids: tf.Tensor, return_trainable: bool, name: str
 ) -> Tuple[tf.Tensor, Any]:
     """The rows of `ids` (any shape): `(ids.shape + [dim] tensor, trainable or None)`.
 
-    Every lookup function reads its rows here and nowhere else, so that training can
-    replace this one function with a trainable view of the rows.
+    Every lookup function reads its rows here and nowhere else. A lookup that may be
+    trained reads through the variable's `TrainableRows` called `name` (see
+    `trainable.py`), whose trainable variable is returned for `return_trainable=True`
+    and is what `de.DynamicEmbeddingOptimizer` updates the table through.
     """
-    if return_trainable:
-        raise NotImplementedError(
-            "`return_trainable=True` needs de.DynamicEmbeddingOptimizer support, which is "
-            "not built yet."
-        )
-    return params.lookup(ids), None
+    if not (return_trainable or _may_train(params)):
+        return params.lookup(ids), None
+    trainable = params._trainable_rows(name)
+    rows = trainable.read(tf.reshape(ids, [-1]))
+    rows = tf.reshape(rows, tf.concat([tf.shape(ids), [params.dim]], 0))
+    rows.set_shape(ids.shape.concatenate([params.dim]))
+    return rows, trainable.variable
+
+
+def _may_train(params: Variable) -> bool:
+    """Whether a lookup of `params` may be differentiated: a trainable floating-point
+    variable, looked up in a TF1 graph, in a `tf.function`, or eagerly under a tape."""
+    if not params.trainable or not params.value_dtype.is_floating:
+        return False
+    return tape_may_record() if tf.executing_eagerly() else True
 
 
 def _clip(rows: tf.Tensor, max_norm: Any) -> tf.Tensor:
@@ -111,11 +127,11 @@ def _clip(rows: tf.Tensor, max_norm: Any) -> tf.Tensor:
 
 
 def _unique_rows(
-    params: Variable, flat_ids: tf.Tensor, max_norm: Any, return_trainable: bool
+    params: Variable, flat_ids: tf.Tensor, max_norm: Any, return_trainable: bool, name: str
 ) -> Tuple[tf.Tensor, Any]:
     """`[n, dim]` rows of the 1-D `flat_ids`, each distinct id looked up once."""
     unique_ids, index = tf.unique(flat_ids)
-    rows, trainable = _lookup_rows(params, unique_ids, return_trainable)
+    rows, trainable = _lookup_rows(params, unique_ids, return_trainable, name)
     return tf.gather(_clip(rows, max_norm), index), trainable
 
 
@@ -228,6 +244,7 @@ def _combine(
     combiner: str,
     max_norm: Any,
     return_trainable: bool,
+    name: str,
 ) -> Tuple[tf.Tensor, Any]:
     """`[num_segments, dim]`: per segment, its rows times their weights, combined.
 
@@ -236,7 +253,7 @@ def _combine(
     ids (or whose divisor is 0) is zeros. float16 / bfloat16 rows are combined in
     float32, as `tf.nn.embedding_lookup_sparse` does.
     """
-    rows, trainable = _unique_rows(params, segments.ids, max_norm, return_trainable)
+    rows, trainable = _unique_rows(params, segments.ids, max_norm, return_trainable, name)
     compute_dtype = tf.float32 if rows.dtype in (tf.float16, tf.bfloat16) else rows.dtype
     rows = tf.cast(rows, compute_dtype)
     if segments.weights is None:
@@ -315,8 +332,8 @@ def embedding_lookup(
       name: a name for the operation.
       validate_indices: ignored, as in `tf.nn.embedding_lookup`.
       max_norm: if not None, each row is clipped to this L2 norm.
-      return_trainable: also return a trainable view of the rows. Not supported yet:
-        raises `NotImplementedError`.
+      return_trainable: also return the trainable view of the rows (a `tf.Variable`
+        to hand to an optimizer; see the module docstring).
 
     Returns:
       A tensor of shape `ids.shape + [params.dim]` and dtype `params.value_dtype`
@@ -327,7 +344,6 @@ def embedding_lookup(
         another dtype than `params.key_dtype`, or `max_norm` is given for a
         non-floating variable.
       ValueError: `max_norm` <= 0.
-      NotImplementedError: `return_trainable=True`.
 
     Example:
 
@@ -347,9 +363,10 @@ def embedding_lookup(
     _check_options(params, max_norm)
 
     def rows_of(dense_ids: tf.Tensor):
-        rows, trainable = _lookup_rows(params, dense_ids, return_trainable)
+        rows, trainable = _lookup_rows(params, dense_ids, return_trainable, trainable_name)
         return _clip(rows, max_norm), trainable
 
+    trainable_name = name or "embedding_lookup"
     with tf.name_scope(name or "embedding_lookup"):
         result, trainable = _map_ids(params, ids, rows_of)
     return (result, trainable) if return_trainable else result
@@ -384,11 +401,12 @@ def embedding_lookup_unique(
 
     def rows_of(dense_ids: tf.Tensor):
         flat = tf.reshape(dense_ids, [-1])
-        rows, trainable = _unique_rows(params, flat, max_norm, return_trainable)
+        rows, trainable = _unique_rows(params, flat, max_norm, return_trainable, trainable_name)
         rows = tf.reshape(rows, tf.concat([tf.shape(dense_ids), [params.dim]], 0))
         rows.set_shape(dense_ids.shape.concatenate([params.dim]))
         return rows, trainable
 
+    trainable_name = name or "embedding_lookup_unique"
     with tf.name_scope(name or "embedding_lookup_unique"):
         result, trainable = _map_ids(params, ids, rows_of)
     return (result, trainable) if return_trainable else result
@@ -424,8 +442,8 @@ def embedding_lookup_sparse(
       name: a name for the operation.
       combiner: "mean" (default), "sum" or "sqrtn".
       max_norm: if not None, each row is clipped to this L2 norm before combining.
-      return_trainable: also return a trainable view of the rows. Not supported yet:
-        raises `NotImplementedError`.
+      return_trainable: also return the trainable view of the rows (a `tf.Variable`
+        to hand to an optimizer; see the module docstring).
 
     Returns:
       A `[rows, params.dim]` tensor of `params.value_dtype`.
@@ -436,7 +454,6 @@ def embedding_lookup_sparse(
         is not None nor like `sp_ids` or not floating.
       ValueError: an unknown `combiner`, a RaggedTensor that is not 2-D, weights that do
         not match the ids, or `max_norm` <= 0.
-      NotImplementedError: `return_trainable=True`.
 
     Example:
 
@@ -453,11 +470,14 @@ def embedding_lookup_sparse(
     del partition_strategy  # ignored, see Args
     params = _as_variable(params, "params")
     _check_options(params, max_norm, combiner)
+    trainable_name = name or "embedding_lookup_sparse"
     with tf.name_scope(name or "embedding_lookup_sparse"):
         segments = _segments(
             params, sp_ids, sp_weights, "sp_ids", "sp_weights", rows_over_all_but_last=False
         )
-        result, trainable = _combine(params, segments, combiner, max_norm, return_trainable)
+        result, trainable = _combine(
+            params, segments, combiner, max_norm, return_trainable, trainable_name
+        )
     return (result, trainable) if return_trainable else result
 
 
@@ -494,8 +514,8 @@ def safe_embedding_lookup_sparse(
       name: a name for the operation.
       partition_strategy: ignored (the variable routes keys to its shards itself).
       max_norm: if not None, each row is clipped to this L2 norm before combining.
-      return_trainable: also return a trainable view of the rows. Not supported yet:
-        raises `NotImplementedError`.
+      return_trainable: also return the trainable view of the rows (a `tf.Variable`
+        to hand to an optimizer; see the module docstring).
 
     Returns:
       A tensor of shape `sparse_ids.dense_shape[:-1] + [dim]` (RaggedTensor:
@@ -504,7 +524,6 @@ def safe_embedding_lookup_sparse(
     Raises:
       TypeError: as `embedding_lookup_sparse`, or `default_id` of another dtype.
       ValueError: as `embedding_lookup_sparse`, or a `default_id` that is not a scalar.
-      NotImplementedError: `return_trainable=True`.
 
     Example:
 
@@ -523,6 +542,7 @@ def safe_embedding_lookup_sparse(
     del partition_strategy  # ignored, see Args
     params = _as_variable(embedding_weights, "embedding_weights")
     _check_options(params, max_norm, combiner)
+    trainable_name = name or "safe_embedding_lookup_sparse"
     with tf.name_scope(name or "safe_embedding_lookup_sparse"):
         if default_id is not None:
             default_id = convert(default_id, params.key_dtype, "default_id")
@@ -542,7 +562,9 @@ def safe_embedding_lookup_sparse(
             segments = _prune_non_positive_weights(segments)
         if default_id is not None:
             segments = _fill_empty_rows(segments, default_id)
-        result, trainable = _combine(params, segments, combiner, max_norm, return_trainable)
+        result, trainable = _combine(
+            params, segments, combiner, max_norm, return_trainable, trainable_name
+        )
         if isinstance(sparse_ids, tf.SparseTensor):
             dim = tf.constant([params.dim], tf.int64)
             result = tf.reshape(result, tf.concat([sparse_ids.dense_shape[:-1], dim], 0))

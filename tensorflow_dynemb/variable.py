@@ -38,6 +38,7 @@ from tensorflow_dynemb.checkpoint import (
 )
 from tensorflow_dynemb import variable_files
 from tensorflow_dynemb.initializers import make_row_initializer
+from tensorflow_dynemb.trainable import TrainableRows
 from tensorflow_dynemb.sharding import (
     HashTableCreator,
     Partitioner,
@@ -114,6 +115,7 @@ class Variable(tf.Module):
         kv_creator: Optional[HashTableCreator] = None,
         restrict_policy: Optional[Callable[["Variable"], Any]] = None,
         bp_v2: bool = False,
+        admit_policy: Any = None,
     ):
         """Creates an empty variable.
 
@@ -138,6 +140,8 @@ class Variable(tf.Module):
           restrict_policy: a policy class, instantiated as `restrict_policy(self)`.
           bp_v2: whether optimizers write back by adding deltas (`accum`) instead of
             overwriting rows.
+          admit_policy: a `de.FrequencyAdmitPolicy`: training gives an id a row only
+            once it has been seen `min_count` times.
 
         Raises:
           TypeError: an unsupported dtype, a non-integer `dim` / `init_size`, or an
@@ -193,7 +197,17 @@ class Variable(tf.Module):
                     )
                 )
         self._tables = tables
+        # Trainable views by lookup name (see trainable.py); not part of checkpoints.
+        self._trainables: Dict[str, TrainableRows] = {}
+        # Optimizer slots of this variable (they must lose the keys it loses); a plain
+        # holder, because the optimizers' checkpoints, not this one, save the slots.
+        self._slots = _SlotList()
         self._restrict_policy = restrict_policy(self) if restrict_policy is not None else None
+        if admit_policy is not None and not hasattr(admit_policy, "bind"):
+            raise TypeError(
+                f"`admit_policy` must be a de.FrequencyAdmitPolicy, got {admit_policy!r}."
+            )
+        self._admit = admit_policy.bind(self) if admit_policy is not None else None
 
         if self._checkpoint and in_tf1_graph():
             register_for_tf1_saver(self, self._unique_name)
@@ -254,6 +268,16 @@ class Variable(tf.Module):
     @property
     def restrict_policy(self):
         return self._restrict_policy
+
+    @property
+    def admit_policy(self):
+        """The `de.FrequencyAdmitPolicy` given, or None."""
+        return None if self._admit is None else self._admit.policy
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the shard tables evict (`de.HkvHashTableCreator`)."""
+        return any(hasattr(table, "max_capacity") for table in self._tables)
 
     # -- routing -------------------------------------------------------------------------
 
@@ -412,6 +436,39 @@ class Variable(tf.Module):
             shards, _ = self._route(self._flat_keys(keys))
             return self._group([table.remove(k) for table, (k,) in zip(self._tables, shards)])
 
+    def insert_and_evict(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
+        """`upsert`, returning the entries that bounded shard tables evicted to stay
+        within their capacity (see `HkvHashTable.insert_and_evict`); empty for
+        unbounded tables.
+
+        Returns:
+          `(evicted_keys [m], evicted_values [m, dim], evicted_scores int64 [m])`.
+        """
+        with tf.name_scope(name or f"{self._unique_name}_insert_and_evict"):
+            keys = convert(keys, self._key_dtype, "keys")
+            rows = self._flat_rows(keys, values, "values")
+            shards, _ = self._route(tf.reshape(keys, [-1]), rows)
+            parts = [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
+            if len(parts) == 1:
+                return tuple(parts[0])
+            return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
+
+    def remove_everywhere(self, keys: TensorLike) -> List[Any]:
+        """Removes `keys` from the variable and from every optimizer slot of it (what a
+        restriction or an eviction must do). Returns the remove operations (empty
+        when executing eagerly)."""
+        keys = self._flat_keys(keys)
+        ops = [self.remove(keys)] + [slot.remove(keys) for slot in self._slots.variables]
+        return [op for op in ops if op is not None]
+
+    @property
+    def slot_variables(self) -> List["Variable"]:
+        """The slots every `de.DynamicEmbeddingOptimizer` keeps for this variable."""
+        return list(self._slots.variables)
+
+    def _register_slot(self, slot: "Variable") -> None:
+        self._slots.variables.append(slot)
+
     def clear(self, name: Optional[str] = None):
         """Removes every key from every shard.
 
@@ -496,6 +553,58 @@ class Variable(tf.Module):
             return None
         return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
 
+    # -- training ------------------------------------------------------------------------
+
+    def _trainable_rows(self, name: str) -> TrainableRows:
+        """The trainable view called `name`, created on first use. In a TF1 graph every
+        lookup gets its own view (named uniquely in the graph), as its ops do."""
+        if in_tf1_graph():
+            base, i = name, 1
+            while name in self._trainables:
+                name, i = f"{base}_{i}", i + 1
+        rows = self._trainables.get(name)
+        if rows is None:
+            rows = TrainableRows(self, name)
+            self._trainables[name] = rows
+        return rows
+
+    def get_trainable_by_name(self, name: str):
+        """The trainable view (a `tf.Variable`) that lookups called `name` read through,
+        or None if no such lookup ran yet. Pass it to an optimizer's `var_list` or to a
+        tape. In a TF1 graph every lookup has its own view: the first one called `name`
+        is `name`, later ones `name_1`, `name_2`, ..."""
+        rows = self._trainables.get(name)
+        return None if rows is None else rows.variable
+
+    def get_eager_trainable_by_name(self, name: str):
+        """The trainable view that eager lookups (and lookups in `tf.function`s) called
+        `name` read through, created if needed, so that it can be listed in `var_list`
+        before the first lookup runs (seed 004's pattern).
+
+        Raises:
+          RuntimeError: not executing eagerly.
+        """
+        if not tf.executing_eagerly():
+            raise RuntimeError(
+                "get_eager_trainable_by_name() needs eager execution; in a TF1 graph use "
+                "embedding_lookup(..., return_trainable=True) or get_trainable_by_name()."
+            )
+        return self._trainable_rows(name).variable
+
+    @property
+    def trainable_store(self) -> Dict[str, Any]:
+        """The trainable views by name (`{name: tf.Variable}`)."""
+        return {name: rows.variable for name, rows in self._trainables.items()}
+
+    def get_slot_variables(self, optimizer) -> List["Variable"]:
+        """The optimizer slots (`de.Variable`s, e.g. Adam's `m` and `v`) that the
+        `de.DynamicEmbeddingOptimizer` `optimizer` keeps for this variable; empty for any
+        other optimizer or before the first training step."""
+        applier = getattr(optimizer, "_dynemb", None)
+        if applier is None:
+            return []
+        return list(applier.slot_store.slots_of(self).values())
+
     # -- streaming to files --------------------------------------------------------------
 
     def _file_prefix(self, file_name: Optional[str]) -> str:
@@ -570,6 +679,7 @@ class Variable(tf.Module):
         children = super()._trackable_children(save_type, **kwargs)
         if save_type == "checkpoint":
             children.pop("_tables", None)
+            children.pop("_trainables", None)
         return children
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
@@ -613,6 +723,13 @@ class Variable(tf.Module):
         )
 
 
+class _SlotList:
+    """Not trackable on purpose (see Variable.__init__)."""
+
+    def __init__(self):
+        self.variables: List[Variable] = []
+
+
 # ---------------------------------------------------------------------------------------
 # get_variable
 # ---------------------------------------------------------------------------------------
@@ -638,6 +755,7 @@ def get_variable(
     kv_creator: Optional[HashTableCreator] = None,
     restrict_policy: Optional[Callable[[Variable], Any]] = None,
     bp_v2: bool = False,
+    admit_policy: Any = None,
 ) -> Variable:
     """Gets the `de.Variable` called `name` in the current variable scope, or creates it.
 
@@ -684,6 +802,7 @@ def get_variable(
         kv_creator=kv_creator,
         restrict_policy=restrict_policy,
         bp_v2=bp_v2,
+        admit_policy=admit_policy,
     )
     variables[full_name] = variable
     return variable

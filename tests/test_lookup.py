@@ -562,12 +562,51 @@ def test_params_must_be_a_variable(fn):
     assert all_lookups([ref.var], ids)[fn]().shape[-1] == 1
 
 
+def dense_lookups(table, dense_ids):
+    """The tf.nn counterparts of `all_lookups` on a dense table."""
+    sp = tf.sparse.from_dense(dense_ids + 1)  # from_dense drops zeros: shift, then undo
+    sp = tf.SparseTensor(sp.indices, sp.values - 1, sp.dense_shape)
+    return {
+        "embedding_lookup": lambda: tf.nn.embedding_lookup(table, dense_ids),
+        "embedding_lookup_unique": lambda: tf.nn.embedding_lookup(table, dense_ids),
+        "embedding_lookup_sparse": lambda: tf.nn.embedding_lookup_sparse(table, sp, None),
+        "safe_embedding_lookup_sparse": lambda: tf.nn.safe_embedding_lookup_sparse(table, sp),
+    }
+
+
+@pytest.mark.parametrize("shards", [1, 2])
 @pytest.mark.parametrize("fn", ALL_FUNCTIONS)
-def test_return_trainable_is_not_supported_yet(fn):
-    ref = reference(tf.int64, 1, 1)
-    ids = tf.constant([[1, 2], [3, 4]], tf.int64)
-    with pytest.raises(NotImplementedError, match="DynamicEmbeddingOptimizer"):
-        all_lookups(ref.var, ids, return_trainable=True)[fn]()
+def test_return_trainable_gives_the_dense_gradient(fn, shards):
+    """`(result, trainable)`: the result is the plain lookup's, and the gradient of a
+    loss with respect to `trainable`, summed per key, is the dense table's gradient."""
+    ref = reference(tf.int64, shards, 3)
+    a, b, c = [k for k in ref.stored if k != 0][:3]  # all_lookups' from_dense drops key 0
+    keys = np.array([[a, b], [a, c]])
+    ids = tf.constant(keys, tf.int64)
+    plain = all_lookups(ref.var, ids)[fn]()
+    scale = tf.constant(rng_for("trainable", fn).normal(size=plain.shape), tf.float32)
+    with tf.GradientTape() as tape:
+        result, trainable = all_lookups(ref.var, ids, return_trainable=True)[fn]()
+        loss = tf.reduce_sum(result * scale)
+    assert isinstance(trainable, tf.Variable) and trainable.trainable
+    assert trainable is ref.var.get_trainable_by_name(fn)
+    assert_close(result, plain)
+    grad = tape.gradient(loss, trainable)
+    assert isinstance(grad, tf.IndexedSlices)
+    # Row i of `trainable` holds the key the lookup stored there.
+    row_keys = trainable._dynemb_trainable_rows.ids.numpy()
+    got = {}
+    for i, g in zip(grad.indices.numpy(), grad.values.numpy()):
+        got[row_keys[i]] = got.get(row_keys[i], 0) + g
+
+    table = tf.Variable(ref.dense)
+    with tf.GradientTape() as tape:
+        want_loss = tf.reduce_sum(dense_lookups(table, ref.dense_ids(keys))[fn]() * scale)
+    want = tf.convert_to_tensor(tape.gradient(want_loss, table)).numpy()
+    assert_close(want_loss, loss)
+    assert sorted(got) == sorted(set(keys.reshape(-1).tolist()))
+    for key, g in got.items():
+        assert_close(g, want[ref.index[key]])
 
 
 def test_bad_sparse_arguments():

@@ -1,0 +1,67 @@
+"""The tf_keras (Keras 2) wrapper of `de.DynamicEmbeddingOptimizer` (see `optimizer.py`).
+
+A subclass of `tf_keras.optimizers.Optimizer`, so that tf_keras' `model.compile` accepts
+it; it wraps both the current tf_keras optimizers and the `tf_keras.optimizers.legacy`
+ones by composition. tf_keras' `Model.train_step` calls `minimize`, which this class
+inherits: it computes gradients with the tape and calls `apply_gradients` below.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tf_keras
+
+from tensorflow_dynemb.optimizer import KerasWrapperMixin, optimizer_name
+
+
+@tf_keras.saving.register_keras_serializable(package="tensorflow_dynemb")
+class TfKerasDynamicEmbeddingOptimizer(KerasWrapperMixin, tf_keras.optimizers.Optimizer):
+    """A tf_keras optimizer that also trains `de.Variable`s; made by
+    `de.DynamicEmbeddingOptimizer(tf_keras_optimizer)`."""
+
+    def __init__(self, inner_optimizer, bp_v2: Optional[bool] = None, name: Optional[str] = None, **kwargs):
+        if kwargs:
+            raise ValueError(
+                f"DynamicEmbeddingOptimizer takes no optimizer arguments of its own, got "
+                f"{sorted(kwargs)}; set them on the wrapped optimizer."
+            )
+        super().__init__(name=name or f"DynamicEmbedding{optimizer_name(inner_optimizer)}")
+        self._init_wrapper(inner_optimizer, bp_v2)
+
+    def build(self, var_list):
+        dense = self._dense_only(var_list)
+        # Legacy optimizers create their slots on first use and have no build().
+        if isinstance(self.inner_optimizer, tf_keras.optimizers.Optimizer):
+            if not getattr(self.inner_optimizer, "_built", False):
+                self.inner_optimizer.build(dense)
+        self._dynemb.create_slots(var_list)
+        super().build(dense)
+
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+        pairs = list(grads_and_vars)
+        if not getattr(self, "_built", False):
+            self.build([v for _, v in pairs])
+        self._apply_pairs(
+            pairs, lambda dense: self.inner_optimizer.apply_gradients(dense, name=name, **kwargs)
+        )
+        return self.iterations
+
+    def finalize_variable_values(self, var_list):
+        if isinstance(self.inner_optimizer, tf_keras.optimizers.Optimizer):
+            self.inner_optimizer.finalize_variable_values(self._dense_only(var_list))
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": tf_keras.optimizers.serialize(self.inner_optimizer),
+            "bp_v2": self.bp_v2,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = tf_keras.optimizers.deserialize(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)

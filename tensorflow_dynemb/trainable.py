@@ -1,0 +1,164 @@
+"""The trainable view of a `de.Variable`: the rows one lookup read in a training step.
+
+A hash table cannot be differentiated, and its size is not known in advance, so a
+training lookup goes through a `TrainableRows`:
+
+1. the lookup looks each distinct id up once and stores, in three ordinary TF variables,
+   the distinct ids (`ids`), whether each was stored (`exists`) and their rows
+   (`variable`, shape `[None, dim]`, trainable);
+2. its output is `variable.sparse_read(index)`, so the gradient of the loss with respect
+   to `variable` is an `IndexedSlices` whose indices are positions in `ids`;
+3. `de.DynamicEmbeddingOptimizer` recognises `variable` (through `rows_of`), maps the
+   gradient's indices back to keys, updates those keys' rows and optimizer slots in the
+   hash tables, and marks the buffer consumed.
+
+`variable` is what users hand to optimizers and tapes (TFRA's `get_trainable_by_name`,
+`return_trainable=True`); it is never read for its own sake.
+
+Several lookups through one `TrainableRows` before the optimizer step (a Keras layer
+shared by two features) append to the buffer instead of overwriting it, so every lookup's
+gradient still maps to the right keys:
+- eager: lookups append until the optimizer consumes the buffer;
+- inside a `tf.function` (or a TF1 graph): the first lookup of a trace overwrites the
+  buffer, later lookups in the same trace append.
+Eager lookups made while no `tf.GradientTape` records (evaluation, inference) bypass
+the buffer and read the tables directly, so they neither cost a copy nor grow it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+try:  # Public API has no "is a tape recording?"; fall back to "maybe" without it.
+    from tensorflow.python.eager.record import could_possibly_record as _tape_may_record
+except ImportError:  # pragma: no cover - present in every supported TF (2.16-2.21)
+    def _tape_may_record() -> bool:
+        return True
+
+__all__ = ["TrainableRows", "rows_of", "tape_may_record"]
+
+# The attribute of a trainable `tf.Variable` that points back to its TrainableRows.
+_OWNER_ATTR = "_dynemb_trainable_rows"
+
+
+def tape_may_record() -> bool:
+    """Whether an eager lookup may be differentiated (a gradient tape is active)."""
+    return _tape_may_record()
+
+
+def rows_of(variable) -> Optional["TrainableRows"]:
+    """The `TrainableRows` whose trainable variable is `variable`, or None for any other
+    variable (dense variables, Keras variables)."""
+    return getattr(variable, _OWNER_ATTR, None)
+
+
+class TrainableRows:
+    """The rows of `params` read by the lookups called `name` since the last optimizer
+    step, held in TF variables so that gradients can reach them.
+
+    Attributes:
+      params: the `de.Variable`.
+      name: the lookup name (TFRA's "trainable name").
+      variable: the trainable `tf.Variable` of shape `[None, dim]`; pass it to an
+        optimizer or a tape.
+      ids: the distinct keys whose rows `variable` holds, in row order.
+      exists: whether each key was stored in `params` when it was looked up.
+    """
+
+    def __init__(self, params, name: str):
+        if not params.value_dtype.is_floating:
+            raise TypeError(
+                f"Training needs a floating-point value_dtype, but de.Variable "
+                f"{params.name!r} holds {params.value_dtype.name}."
+            )
+        self.params = params
+        self.name = name
+        scope = f"{params._unique_name}/TrainableWrapper_{_scope_name(name)}"
+        # Created outside any tf.function being traced (like optimizer slots), so that
+        # a lookup first traced inside a function still owns long-lived variables.
+        with tf.init_scope(), tf.name_scope(scope):
+            self.variable = _buffer(tf.zeros([0, params.dim], params.value_dtype), "rows", True)
+            self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False)
+            self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False)
+        setattr(self.variable, _OWNER_ATTR, self)
+        # Append-or-overwrite state (see the module docstring).
+        self._pending_eager = False
+        self._last_graph: Optional[weakref.ref] = None
+
+    # -- the lookup side -------------------------------------------------------------------
+
+    def read(self, flat_ids: tf.Tensor) -> tf.Tensor:
+        """The `[n, dim]` rows of the 1-D `flat_ids`, differentiable through `variable`."""
+        unique_ids, index = tf.unique(flat_ids)
+        rows, exists = self.params.lookup(unique_ids, return_exists=True)
+        if self._appends():
+            offset = tf.shape(self.ids, out_type=index.dtype)[0]
+            writes = [
+                self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
+                self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
+                self.variable.assign(tf.concat([self.variable.read_value(), rows], 0)),
+            ]
+            index = index + offset
+        else:
+            writes = [
+                self.ids.assign(unique_ids),
+                self.exists.assign(exists),
+                self.variable.assign(rows),
+            ]
+        with tf.control_dependencies(_ops_of(writes)):
+            return self.variable.sparse_read(index)
+
+    def _appends(self) -> bool:
+        """Whether this lookup appends to the buffer (True) or overwrites it; records
+        the lookup for the next call's decision."""
+        if tf.executing_eagerly():
+            appends = self._pending_eager
+            self._pending_eager = True
+            return appends
+        graph = tf.compat.v1.get_default_graph()
+        appends = self._last_graph is not None and self._last_graph() is graph
+        self._last_graph = weakref.ref(graph)
+        return appends
+
+    # -- the optimizer side ----------------------------------------------------------------
+
+    def consume(self, gradient) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The keys, old rows, existence and gradient rows behind `gradient` (the
+        gradient of `variable`), one entry per gradient row (keys may repeat), and marks
+        the buffer consumed (an eager lookup after this overwrites it)."""
+        if isinstance(gradient, tf.IndexedSlices):
+            values, index = gradient.values, gradient.indices
+        else:  # a dense gradient: one row per buffer row
+            values = tf.convert_to_tensor(gradient)
+            index = tf.range(tf.shape(values)[0])
+        # Read the buffer after the forward pass wrote it (TF1 graphs order nothing else).
+        with tf.control_dependencies([values, index]):
+            keys = tf.gather(self.ids.read_value(), index)
+            old_rows = tf.gather(self.variable.read_value(), index)
+            exists = tf.gather(self.exists.read_value(), index)
+        if tf.executing_eagerly():
+            self._pending_eager = False
+        return keys, old_rows, exists, values
+
+    def __repr__(self) -> str:
+        return f"<de.TrainableRows of {self.params.name!r} name={self.name!r}>"
+
+
+def _scope_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "lookup"
+
+
+def _buffer(initial: tf.Tensor, name: str, trainable: bool):
+    """A resource variable whose first dimension changes with every assignment."""
+    shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
+    return tf.compat.v1.Variable(
+        initial, trainable=trainable, name=name, use_resource=True, shape=shape
+    )
+
+
+def _ops_of(writes):
+    """The assign results to order the read after (eager assigns return variables)."""
+    return [] if tf.executing_eagerly() else writes
