@@ -1,0 +1,272 @@
+"""Restrict and admission policies of a `de.Variable` (API.md §5).
+
+Restrict policies keep a per-key status in their own `de.Variable` (sharded like the
+variable it watches) and rank keys by it when `var.restrict(num_reserved)` shrinks the
+variable:
+
+- `TimestampRestrictPolicy`: the time (microseconds since the epoch, or the
+  optimizer's step with `use_step=True`) a key was last trained; restrict keeps the
+  most recent;
+- `FrequencyRestrictPolicy`: how many training steps updated the key; restrict keeps
+  the most frequent.
+
+The status is updated by `de.DynamicEmbeddingOptimizer` in the same call that writes
+the step's rows back, and is checkpointed with the variable. A restriction ranks every
+key of every shard together (a global top-k, not `num_reserved / shards` per shard) and
+removes the others from the variable, from every optimizer slot of the variable and
+from the status.
+
+Admission: `FrequencyAdmitPolicy(min_count)` gives an id a row only once training
+lookups have seen it `min_count` times; until then it reads the initializer and is not
+updated. Its counts live in a bounded table (`HkvHashTable`, least recently counted ids
+evicted first), `max_tracked` ids per variable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tensorflow_dynemb._convert import check_int
+
+__all__ = [
+    "RestrictPolicy",
+    "TimestampRestrictPolicy",
+    "FrequencyRestrictPolicy",
+    "FrequencyAdmitPolicy",
+]
+
+
+def _status_variable(var, suffix: str, kv_creator=None, initializer=0):
+    from tensorflow_dynemb.variable import Variable  # variable.py imports this module
+
+    return Variable(
+        key_dtype=var.key_dtype,
+        value_dtype=tf.int64,
+        dim=1,
+        devices=var.devices,
+        partitioner=var.partition_fn,
+        name=f"{var.name}/{suffix}",
+        initializer=initializer,
+        trainable=False,
+        checkpoint=var._checkpoint,
+        kv_creator=kv_creator,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Restrict
+# ---------------------------------------------------------------------------------------
+
+
+class RestrictPolicy(tf.Module):
+    """A per-key status and a global ranking by it; subclasses say what the status is.
+
+    Made by the variable: `de.Variable(..., restrict_policy=de.TimestampRestrictPolicy)`
+    calls `TimestampRestrictPolicy(variable)`.
+    """
+
+    _STATUS_NAME = "status"
+
+    def __init__(self, var):
+        super().__init__(name=f"{type(self).__name__}")
+        self._var = var
+        with tf.init_scope():
+            self._status = _status_variable(var, self._STATUS_NAME)
+
+    @property
+    def variable(self):
+        return self._var
+
+    @property
+    def status(self):
+        """The `de.Variable` (int64, dim 1) holding each key's status."""
+        return self._status
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # The watched variable is its own checkpoint entry; following it from here would
+        # make a cycle in the object graph.
+        children = super()._trackable_children(save_type, **kwargs)
+        children.pop("_var", None)
+        return children
+
+    def status_values(self, keys: tf.Tensor, old: tf.Tensor, local_step: tf.Tensor):
+        """The new status (`[n, 1]` int64) of `keys`, trained in the step `local_step`,
+        whose status was `old` (0 for keys without one)."""
+        raise NotImplementedError
+
+    def apply_update(self, keys: tf.Tensor, local_step: Optional[tf.Tensor] = None):
+        """Records that `keys` (1-D, distinct) were trained in step `local_step`.
+
+        Returns:
+          The update operation (None when executing eagerly).
+        """
+        if local_step is None:
+            local_step = tf.constant(0.0)
+        old = self._status.lookup(keys)
+        new = self.status_values(keys, old, local_step)
+        return self._status.upsert(keys, new)
+
+    def apply_restriction(self, num_reserved: int, trigger: Optional[int] = None, name=None):
+        """Keeps the `num_reserved` highest-ranked keys of the variable, when it holds
+        more than `trigger` (default `num_reserved`) keys, and removes the rest from the
+        variable, its optimizer slots and the status.
+
+        Keys without a status (stored by `upsert`, never trained) rank lowest; among
+        equal statuses, the ranking is deterministic but unspecified.
+
+        Returns:
+          The restrict operation (None when executing eagerly).
+
+        Raises:
+          ValueError: `num_reserved` < 0 or `trigger` < `num_reserved`.
+        """
+        num_reserved = check_int(num_reserved, "num_reserved", 0)
+        trigger = num_reserved if trigger is None else check_int(trigger, "trigger", 0)
+        if trigger < num_reserved:
+            raise ValueError(
+                f"`trigger` must be >= `num_reserved` ({num_reserved}), got {trigger}."
+            )
+        with tf.name_scope(name or f"{self._var._unique_name}_restrict"):
+            size = self._var.size()
+            if tf.executing_eagerly():
+                if int(size) > trigger:
+                    self._restrict(num_reserved)
+                return None
+            return tf.cond(
+                size > trigger,
+                lambda: self._restrict_op(num_reserved),
+                lambda: tf.no_op(),
+            )
+
+    def _restrict_op(self, num_reserved: int):
+        ops = self._restrict(num_reserved)
+        with tf.control_dependencies(ops):
+            return tf.no_op()
+
+    def _restrict(self, num_reserved: int):
+        keys, _ = self._var.export()
+        rank, exists = self._status.lookup(keys, return_exists=True)
+        # Keys without a status rank below every key with one.
+        rank = tf.where(exists, rank[:, 0], tf.int64.min)
+        count = tf.minimum(tf.size(keys), num_reserved)
+        _, keep = tf.math.top_k(rank, k=count, sorted=False)
+        dropped = tf.ones(tf.shape(keys), tf.bool)
+        dropped = tf.tensor_scatter_nd_update(
+            dropped, keep[:, tf.newaxis], tf.zeros(tf.shape(keep), tf.bool)
+        )
+        removed = self._var.remove_everywhere(tf.boolean_mask(keys, dropped))
+        # Then the status of every key no longer in the variable: the dropped ones and
+        # any removed by other means. (TF1 graphs order nothing by themselves.)
+        with tf.control_dependencies(removed):
+            status_keys, _ = self._status.export()
+            in_var = self._var.lookup(status_keys, return_exists=True)[1]
+            cleaned = self._status.remove(tf.boolean_mask(status_keys, tf.logical_not(in_var)))
+        return [op for op in removed + [cleaned] if op is not None]
+
+
+class TimestampRestrictPolicy(RestrictPolicy):
+    """Ranks keys by when they were last trained; restrict keeps the most recent.
+
+    Args:
+      var: the watched `de.Variable` (passed by the variable itself).
+      use_step: record the optimizer's step number instead of the wall-clock time in
+        microseconds (deterministic, and the same on every worker).
+    """
+
+    _STATUS_NAME = "timestamp_status"
+
+    def __init__(self, var, use_step: bool = False):
+        self._use_step = bool(use_step)
+        super().__init__(var)
+
+    def status_values(self, keys, old, local_step):
+        if self._use_step:
+            now = tf.cast(local_step, tf.int64)
+        else:
+            now = tf.cast(tf.timestamp() * 1e6, tf.int64)
+        return tf.fill([tf.size(keys), 1], now)
+
+
+class FrequencyRestrictPolicy(RestrictPolicy):
+    """Ranks keys by how many training steps updated them; restrict keeps the most
+    frequent."""
+
+    _STATUS_NAME = "frequency_status"
+
+    def status_values(self, keys, old, local_step):
+        return old + 1
+
+
+# ---------------------------------------------------------------------------------------
+# Admission
+# ---------------------------------------------------------------------------------------
+
+
+class FrequencyAdmitPolicy:
+    """Admits an id into a variable once training lookups have seen it `min_count`
+    times (each occurrence in a batch counts).
+
+    Until then the id reads the initializer and its gradient is dropped. Ids already
+    in the variable are always trained. The counts of ids not yet admitted are kept
+    in a bounded table of `max_tracked` ids per variable (split over its shards); when
+    it is full, the least recently counted ids are forgotten and start over, so an id
+    seen rarely enough may be admitted later than `min_count`, never earlier. Memory:
+    about 120 bytes per tracked id.
+
+    Args:
+      min_count: occurrences needed for a row (>= 1; 1 admits every id).
+      max_tracked: ids whose counts are kept, per variable.
+    """
+
+    def __init__(self, min_count: int, max_tracked: int = 1 << 18):
+        self.min_count = check_int(min_count, "min_count", 1)
+        self.max_tracked = check_int(max_tracked, "max_tracked", 1)
+
+    def bind(self, var) -> "AdmitState":
+        """The per-variable state of this policy (created by the variable)."""
+        return AdmitState(self, var)
+
+    def __repr__(self) -> str:
+        return f"FrequencyAdmitPolicy(min_count={self.min_count}, max_tracked={self.max_tracked})"
+
+
+class AdmitState(tf.Module):
+    """The counts of one variable's candidate ids (see `FrequencyAdmitPolicy`)."""
+
+    def __init__(self, policy: FrequencyAdmitPolicy, var):
+        from tensorflow_dynemb.sharding import HkvHashTableCreator
+        from tensorflow_dynemb.tables import HkvHashTableConfig
+
+        super().__init__(name="FrequencyAdmitPolicy")
+        self.policy = policy
+        per_shard = max(1, -(-policy.max_tracked // var.shard_num))
+        config = HkvHashTableConfig(
+            init_capacity=min(per_shard, 1024), max_capacity=per_shard, evict_strategy="lru"
+        )
+        with tf.init_scope():
+            self._counts = _status_variable(
+                var, "admit_counts", kv_creator=HkvHashTableCreator(config)
+            )
+
+    @property
+    def counts(self):
+        """The `de.Variable` of candidate counts."""
+        return self._counts
+
+    def admit(self, keys: tf.Tensor, counts: tf.Tensor, exists: tf.Tensor):
+        """Counts `counts` more occurrences of the distinct `keys`; returns `(admitted
+        bool [n], count-update op)`: admitted = already stored or seen `min_count`
+        times, this step included."""
+        seen, _ = self._counts.lookup(keys, return_exists=True)
+        total = seen[:, 0] + tf.cast(counts, tf.int64)
+        admitted = tf.logical_or(exists, total >= self.policy.min_count)
+        pending = tf.logical_not(admitted)
+        update = self._counts.upsert(
+            tf.boolean_mask(keys, pending), tf.boolean_mask(total, pending)[:, tf.newaxis]
+        )
+        with tf.control_dependencies([update] if update is not None else []):
+            # Admitted ids no longer need a count.
+            forget = self._counts.remove(tf.boolean_mask(keys, admitted))
+        return admitted, [op for op in (update, forget) if op is not None]
