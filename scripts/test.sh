@@ -5,7 +5,8 @@
 # installs TensorFlow and `pip install -e ".[test]"` (which compiles the op
 # library against that TensorFlow). Later runs reuse the virtualenv and only do
 # an incremental `python setup.py build_ext --inplace` (unchanged sources are
-# not recompiled) before running pytest.
+# not recompiled) before running pytest. The set-up is scripts/setup_env.sh,
+# shared with scripts/demo.sh.
 #
 # Environment:
 #   DYNEMB_VENV        virtualenv directory (default: .venv in the repository root)
@@ -18,77 +19,9 @@
 # Exits with pytest's status (non-zero when a test fails, or when no test ran).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+# Defines PY (the virtualenv's python) and changes to the repository root.
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 
-VENV="${DYNEMB_VENV:-.venv}"
-case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
-TF_VERSION="${DYNEMB_TF_VERSION:-2.21.0}"
-BASE_PYTHON="${DYNEMB_PYTHON:-python3}"
-PY="$VENV/bin/python"
-STAMP="$VENV/.dynemb-setup"
-BUILD_LOCK=/tmp/dynemb_build.lock
-
-log() { printf '\n==> %s\n' "$*" >&2; }
-
-# Runs "$@" holding the shared build lock (other developers build in the same tree).
-locked() {
-  if command -v flock >/dev/null 2>&1; then
-    flock "$BUILD_LOCK" "$@"
-  else
-    "$@"
-  fi
-}
-
-tf_requirements() {
-  # TensorFlow < 2.18 was built against numpy 1.x and breaks with numpy 2.
-  case "$TF_VERSION" in
-    2.16.* | 2.17.*) echo "tensorflow==$TF_VERSION" "numpy<2" ;;
-    *) echo "tensorflow==$TF_VERSION" ;;
-  esac
-}
-
-installed_tf() {
-  "$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))' 2>/dev/null || true
-}
-
-# What a finished set-up of this virtualenv looks like; any difference redoes it.
-setup_key() {
-  local build_files
-  build_files="$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)"
-  echo "root=$ROOT tf=$TF_VERSION build=$build_files"
-}
-
-if [ ! -x "$PY" ]; then
-  log "Creating virtualenv $VENV with $BASE_PYTHON"
-  "$BASE_PYTHON" - <<'EOF'
-import sys
-if not ((3, 10) <= sys.version_info[:2] <= (3, 12)):
-    sys.exit(f"tensorflow_dynemb supports Python 3.10-3.12, {sys.executable} is "
-             f"{sys.version.split()[0]}; set DYNEMB_PYTHON to another interpreter.")
-EOF
-  "$BASE_PYTHON" -m venv "$VENV"
-fi
-
-if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$(setup_key)" ] && [ "$(installed_tf)" = "$TF_VERSION" ]; then
-  log "Reusing $VENV (TensorFlow $TF_VERSION); incremental rebuild"
-  locked "$PY" setup.py -q build_ext --inplace
-else
-  rm -f "$STAMP"
-  if [ "$(installed_tf)" != "$TF_VERSION" ]; then
-    log "Installing $(tf_requirements) into $VENV"
-    # shellcheck disable=SC2046  # word splitting of the requirement list is intended
-    "$PY" -m pip install $(tf_requirements)
-  fi
-  # The same build tools pip's isolated build uses, for the incremental
-  # `setup.py build_ext --inplace` of later runs.
-  "$PY" -m pip install --upgrade "setuptools>=64" wheel "pybind11>=2.10"
-  log "pip install -e \".[test]\" (compiles the op library against TensorFlow $TF_VERSION: a few minutes, output shown only on error)"
-  locked "$PY" -m pip install -e ".[test]"
-  setup_key >"$STAMP"
-fi
-
-log "$("$PY" -c 'import sys, importlib.metadata as m; print("Python", sys.version.split()[0] + ", TensorFlow", m.version("tensorflow") + ", numpy", m.version("numpy"))')"
 # `tests` unless the arguments name test files/directories themselves.
 targets=(tests)
 for arg in "$@"; do

@@ -464,6 +464,9 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer, bp_v2: Optional[bool] = None):
         super().__init__(use_locking=False, name=f"DynamicEmbedding{optimizer_name(optimizer)}")
         self.inner_optimizer = optimizer
+        # TF1 optimizers track nothing by attribute: checkpoints reach the inner
+        # optimizer (its slots and beta powers) and the embedding slots only this way.
+        self._track_trackable(optimizer, name="inner_optimizer")
         self._slot_store = SlotStore()
         self._track_trackable(self._slot_store, name="dynamic_embedding_slots")
         self._dynemb = SparseApplier(optimizer, bp_v2, self._slot_store, optimizer_name(optimizer))
@@ -476,9 +479,9 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         shadows = [v for g, v in pairs if g is not None and rows_of(v) is not None]
         if not shadows:  # nothing sparse: exactly the inner optimizer
             return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
-        with tf.init_scope():
+        with tf.init_scope():  # long-lived state, also when traced in a tf.function
             self._dynemb.create_slots(shadows)
-        step = self._step_variable(shadows[0])
+            step = self._step_variable(shadows[0])
         local_step = tf.cast(step, tf.float32) + 1.0
         dense, writes = self._dynemb.step(pairs, local_step, _no_clip)
         with tf.control_dependencies(writes if _in_graph() else []):
@@ -511,7 +514,10 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         return self.inner_optimizer.get_slot(var, name)
 
     def get_slot_names(self):
-        return self.inner_optimizer.get_slot_names()
+        """None: the dense variables' slots belong to (and are saved with) the inner
+        optimizer, where `get_slot` finds them; embedding slots are `de.Variable`s
+        (`de.Variable.get_slot_variables`)."""
+        return []
 
     def variables(self):
         return self.inner_optimizer.variables() + list(self._non_slot_dict.values())
