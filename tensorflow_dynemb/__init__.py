@@ -35,6 +35,7 @@ from tensorflow_dynemb.sharding import (
     default_partition_fn,
 )
 from tensorflow_dynemb.variable import Variable, get_variable
+from tensorflow_dynemb.saved_model import export_static_saved_model
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,7 @@ __all__ = [
     "Variable",
     "default_partition_fn",
     "get_variable",
+    "export_static_saved_model",
     "HashTable",
     "HkvEvictStrategy",
     "HkvHashTable",

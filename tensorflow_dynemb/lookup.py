@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from tensorflow_dynemb import _export_context
 from tensorflow_dynemb._convert import TensorLike, convert
 from tensorflow_dynemb.trainable import tape_may_record
 from tensorflow_dynemb.variable import Variable
@@ -101,7 +102,15 @@ def _lookup_rows(
     trained reads through the variable's `TrainableRows` called `name` (see
     `trainable.py`), whose trainable variable is returned for `return_trainable=True`
     and is what `de.DynamicEmbeddingOptimizer` updates the table through.
+
+    A trace for serving (`tf.saved_model.save`, `de.export_static_saved_model`) reads
+    the tables directly, even when the caller asks for the view (returned, unused):
+    every read through the view writes its buffers, which concurrent serving calls
+    would race on, and a SavedModel must not change anything.
     """
+    if _export_context.read_only():
+        trainable = params._trainable_rows(name).variable if return_trainable else None
+        return params.lookup(ids), trainable
     if not (return_trainable or _may_train(params)):
         return params.lookup(ids), None
     trainable = params._trainable_rows(name)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from tensorflow_dynemb import _ops
+from tensorflow_dynemb import _export_context, _ops
 from tensorflow_dynemb.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
@@ -122,18 +122,24 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
     # -- resource ------------------------------------------------------------------------
 
     def _create_resource(self) -> tf.Tensor:
-        use_node_name_sharing = (
-            not self._anonymous and self._checkpoint and not self._shared_name
-        )
+        # An eager table recreated in a graph (the TF1-style graph tf.saved_model.save
+        # writes for TF Serving) must not be anonymous there: each run of an anonymous
+        # handle op would make a new, empty table.
+        anonymous = self._anonymous and not in_tf1_graph()
+        use_node_name_sharing = not anonymous and self._checkpoint and not self._shared_name
+        attrs = dict(self._table_attrs)
+        if _export_context.in_saved_model_save():
+            # A SavedModel serves: its lookups must not change scores (docs/serving.md).
+            attrs["find_updates_scores"] = False
         return _gen_ops().dynemb_hash_table(
             shared_name=self._shared_name or "",
             use_node_name_sharing=use_node_name_sharing,
-            anonymous=self._anonymous,
+            anonymous=anonymous,
             key_dtype=self._key_dtype,
             value_dtype=self._value_dtype,
             value_shape=self._value_shape,
             name=self._name,
-            **self._table_attrs,
+            **attrs,
         )
 
     def _placement(self):
@@ -306,6 +312,10 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
             defaults = convert(
                 dynamic_default_values, self._value_dtype, "dynamic_default_values"
             )
+        stand_in = _export_context.frozen(self)
+        if stand_in is not None:  # a static export: stock ops in place of the table
+            values, exists = stand_in.find(keys, defaults)
+            return (values, exists) if return_exists else values
         with tf.name_scope(name or f"{self._name}_lookup"), self._placement():
             values, exists = _gen_ops().dynemb_table_find(self.resource_handle, keys, defaults)
         return (values, exists) if return_exists else values

@@ -13,6 +13,7 @@ variable's own partitioner. So a checkpoint restores into any number of shards.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import weakref
@@ -36,7 +37,7 @@ from tensorflow_dynemb.checkpoint import (
     in_tf1_graph,
     register_for_tf1_saver,
 )
-from tensorflow_dynemb import variable_files
+from tensorflow_dynemb import _export_context, variable_files
 from tensorflow_dynemb.initializers import make_row_initializer
 from tensorflow_dynemb.trainable import TrainableRows
 from tensorflow_dynemb.sharding import (
@@ -348,19 +349,11 @@ class Variable(tf.Module):
         with tf.name_scope(name or f"{self._unique_name}_lookup"):
             keys = convert(keys, self._key_dtype, "keys")
             flat = tf.reshape(keys, [-1])
-            shards, positions = self._route(flat)
-            found = []
-            for table, (shard_keys,) in zip(self._tables, shards):
-                found.append(table.lookup(shard_keys, return_exists=True))
-            if positions is None:
-                values, exists = found[0]
+            stand_in = _export_context.frozen(self)
+            if stand_in is not None:  # a static export: stock ops in place of the shards
+                values, exists = stand_in.find(flat)
             else:
-                values = tf.dynamic_stitch(positions, [v for v, _ in found])
-                exists = tf.dynamic_stitch(positions, [e for _, e in found])
-            if self._initializer.per_key:
-                missing = tf.where(tf.logical_not(exists))
-                rows = self._initializer.rows(tf.gather_nd(flat, missing))
-                values = tf.tensor_scatter_nd_update(values, missing, rows)
+                values, exists = self._find(flat)
             out_shape = tf.concat([tf.shape(keys), [self._dim]], 0)
             values = tf.reshape(values, out_shape)
             values.set_shape(keys.shape.concatenate([self._dim]))
@@ -369,6 +362,24 @@ class Variable(tf.Module):
             exists = tf.reshape(exists, tf.shape(keys))
             exists.set_shape(keys.shape)
             return values, exists
+
+    def _find(self, flat: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        """`([n, dim] rows, [n] exists)` of the 1-D keys `flat`, missing keys reading
+        the initializer."""
+        shards, positions = self._route(flat)
+        found = []
+        for table, (shard_keys,) in zip(self._tables, shards):
+            found.append(table.lookup(shard_keys, return_exists=True))
+        if positions is None:
+            values, exists = found[0]
+        else:
+            values = tf.dynamic_stitch(positions, [v for v, _ in found])
+            exists = tf.dynamic_stitch(positions, [e for _, e in found])
+        if self._initializer.per_key:
+            missing = tf.where(tf.logical_not(exists))
+            rows = self._initializer.rows(tf.gather_nd(flat, missing))
+            values = tf.tensor_scatter_nd_update(values, missing, rows)
+        return values, exists
 
     def upsert(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
         """Inserts or overwrites `keys` with `values` (`keys.shape + [dim]`).
@@ -681,6 +692,23 @@ class Variable(tf.Module):
             children.pop("_tables", None)
             children.pop("_trainables", None)
         return children
+
+    def _deserialization_dependencies(self, children):
+        # A SavedModel maps the shard tables into its graph before this variable
+        # (see _export_to_saved_model_graph), and loads them first.
+        del children
+        return {f"_table_{i}": table for i, table in enumerate(self._tables)}
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        # The graph a SavedModel holds for TF1-style loaders (TF Serving) saves and
+        # restores this variable's content through a copy that uses the shard tables'
+        # copies in that graph (made first, see _deserialization_dependencies).
+        del tensor_map, options, kwargs
+        mapped = copy.copy(self)
+        # Set without tracking: the copy shares this variable's dependency records.
+        mapped.__dict__["_tables"] = [object_map[table] for table in self._tables]
+        object_map[self] = mapped
+        return []
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
