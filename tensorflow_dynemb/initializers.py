@@ -11,9 +11,15 @@ Three kinds, chosen when the variable is created:
   same row on any shard, in any process and after any restore. With an integer `seed`
   on the initializer (or a global `tf.random.set_seed`) this is fully deterministic;
   without one the seed is drawn once per variable;
-- any other callable (VarianceScaling family, Orthogonal, user functions): called as
+- any other callable (user functions, other initializers): called as
   `initializer(shape=[n, dim], dtype=value_dtype)` for the `n` distinct missing keys of
   a lookup, as TFRA does (a key repeated in the lookup reads one row).
+
+Initializers whose scale depends on the shape of the whole matrix (the VarianceScaling
+family: Glorot*, He*, Lecun*; Orthogonal; Identity) are refused with a `ValueError`: a
+dynamic table has no fixed number of rows, so their scale would change with the number
+of keys a batch misses (and Keras computes it from a static shape, which a graph does
+not have). Use RandomNormal / TruncatedNormal / RandomUniform with an explicit scale.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ _KEYED_DISTRIBUTIONS = {
 }
 _CONSTANT_INITIALIZERS = {"Zeros": 0, "Ones": 1}
 _DEFAULT_PARAMS = {"mean": 0.0, "stddev": 0.05, "minval": -0.05, "maxval": 0.05}
+# Initializers (and their subclasses) whose values depend on the whole matrix's shape.
+_SHAPE_DEPENDENT = {"VarianceScaling", "Orthogonal", "OrthogonalInitializer", "Identity"}
 
 
 class RowInitializer:
@@ -139,7 +147,8 @@ def make_row_initializer(
     Raises:
       TypeError: a value of another dtype, or an object that is neither a value nor a
         callable initializer.
-      ValueError: a value that is neither a scalar nor `[dim]`.
+      ValueError: a value that is neither a scalar nor `[dim]`, or an initializer that
+        scales by the matrix shape (VarianceScaling family, Orthogonal, Identity).
     """
     if initializer is None:
         initializer = tf.zeros([], value_dtype)  # 0 in any dtype (bool: False)
@@ -160,6 +169,14 @@ def make_row_initializer(
         b = config.get(b_field, _DEFAULT_PARAMS[b_field])
         seed = _seed(config.get("seed"))
         return _KeyedRandomRows(zeros, dim, value_dtype, distribution, a, b, seed)
+    shape_dependent = {c.__name__ for c in type(initializer).__mro__} & _SHAPE_DEPENDENT
+    if shape_dependent:
+        raise ValueError(
+            f"`{arg}` {name} ({shape_dependent.pop()} family) scales its values by the "
+            "shape of the whole matrix, which a dynamic table does not have (its scale "
+            "would change with the number of keys a batch misses). Use RandomNormal, "
+            "TruncatedNormal or RandomUniform with an explicit scale instead."
+        )
     if callable(initializer):
         return _CallableRows(zeros, dim, value_dtype, initializer)
     return RowInitializer(_constant_row(initializer, dim, value_dtype, arg), per_key=False)

@@ -240,9 +240,8 @@ def test_random_normal_initializer_statistics():
         (tf.keras.initializers.TruncatedNormal(0.0, 1.0), lambda r: np.abs(r).max() <= 2.0),
         (tf.random_uniform_initializer(1.0, 2.0), lambda r: 1.0 <= r.min() and r.max() < 2.0),
         (tf.compat.v1.truncated_normal_initializer(0.0, 0.1), lambda r: np.abs(r).max() <= 0.2),
-        (tf.keras.initializers.GlorotUniform(), lambda r: np.abs(r).max() > 0),
     ],
-    ids=["keras-uniform", "keras-truncated", "tf-uniform", "v1-truncated", "glorot-callable"],
+    ids=["keras-uniform", "keras-truncated", "tf-uniform", "v1-truncated"],
 )
 def test_random_initializers_draw_per_key(initializer, check):
     var = make_variable(dim=6, shards=2, initializer=initializer)
@@ -282,12 +281,39 @@ def test_keyed_uniform_rows_stay_below_maxval():
     assert rows.min() >= 1.0 and rows.max() < 2.0
 
 
+def uniform_function(shape, dtype):
+    return tf.random.uniform(shape, -1.0, 1.0, dtype)
+
+
 def test_callable_initializer_gives_a_repeated_missing_key_one_row():
-    var = make_variable(dim=4, shards=2, initializer=tf.keras.initializers.GlorotUniform())
+    var = make_variable(dim=4, shards=2, initializer=uniform_function)
     rows = var.lookup(tf.constant([5, 6, 5, 5], tf.int64)).numpy()
     np.testing.assert_array_equal(rows[0], rows[2])
     np.testing.assert_array_equal(rows[0], rows[3])
     assert not np.array_equal(rows[0], rows[1])
+
+
+@pytest.mark.parametrize(
+    "initializer",
+    [
+        tf.keras.initializers.GlorotUniform(),
+        tf.keras.initializers.HeNormal(),
+        tf.keras.initializers.Orthogonal(),
+        tf.keras.initializers.Identity(),
+        tf.compat.v1.glorot_uniform_initializer(),
+    ],
+    ids=["glorot", "he", "orthogonal", "identity", "v1-glorot"],
+)
+def test_shape_scaled_initializers_are_refused(initializer):
+    with pytest.raises(ValueError, match="`initializer`.*shape of the whole matrix"):
+        make_variable(dim=4, shards=1, initializer=initializer)
+
+
+def test_callable_initializer_works_in_tf_function():
+    var = make_variable(dim=4, shards=2, initializer=uniform_function)
+    rows = tf.function(lambda k: var.lookup(k))(tf.constant([1, 2, 1], tf.int64)).numpy()
+    assert rows.shape == (3, 4) and np.abs(rows).max() <= 1.0
+    np.testing.assert_array_equal(rows[0], rows[2])
 
 
 @pytest.mark.parametrize("value_dtype", [tf.bool, tf.int8, tf.bfloat16], ids=dtype_id)
