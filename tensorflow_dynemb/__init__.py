@@ -35,6 +35,7 @@ from tensorflow_dynemb.sharding import (
     default_partition_fn,
 )
 from tensorflow_dynemb.variable import Variable, get_variable
+from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
 from tensorflow_dynemb.saved_model import export_static_saved_model
 
 __version__ = "0.1.0"
@@ -65,5 +66,6 @@ __all__ = [
     "embedding_lookup_sparse",
     "embedding_lookup_unique",
     "safe_embedding_lookup_sparse",
+    "keras",
     "__version__",
 ]

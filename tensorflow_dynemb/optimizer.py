@@ -358,7 +358,9 @@ class KerasWrapperMixin:
 
     @property
     def variables(self):
-        return self.inner_optimizer.variables
+        variables = self.inner_optimizer.variables
+        # tf_keras' legacy optimizers have a `variables()` method instead.
+        return variables() if callable(variables) else variables
 
     def get_slot_variables(self, params) -> List[Any]:
         """The slot `de.Variable`s of `params` (empty before its first update)."""

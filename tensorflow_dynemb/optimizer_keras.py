@@ -11,13 +11,20 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from tensorflow_dynemb.keras._saving import SlotTablesSaving
 from tensorflow_dynemb.optimizer import KerasWrapperMixin, optimizer_name
 
 
 @keras.saving.register_keras_serializable(package="tensorflow_dynemb")
-class KerasDynamicEmbeddingOptimizer(KerasWrapperMixin, keras.optimizers.Optimizer):
+class KerasDynamicEmbeddingOptimizer(
+    SlotTablesSaving, KerasWrapperMixin, keras.optimizers.Optimizer
+):
     """A Keras 3 optimizer that also trains `de.Variable`s; made by
-    `de.DynamicEmbeddingOptimizer(keras_optimizer)`."""
+    `de.DynamicEmbeddingOptimizer(keras_optimizer)`.
+
+    In Keras weight files (`model.save`, `save_weights`) it saves the wrapped
+    optimizer's variables as its own, and its slot tables as the child
+    `dynamic_embedding_slots` (`SlotTablesSaving`)."""
 
     def __init__(self, inner_optimizer, bp_v2: Optional[bool] = None, name: Optional[str] = None, **kwargs):
         if kwargs:

@@ -12,13 +12,17 @@ from typing import Optional
 
 import tf_keras
 
+from tensorflow_dynemb.keras._saving import SlotTablesSaving
 from tensorflow_dynemb.optimizer import KerasWrapperMixin, optimizer_name
 
 
 @tf_keras.saving.register_keras_serializable(package="tensorflow_dynemb")
-class TfKerasDynamicEmbeddingOptimizer(KerasWrapperMixin, tf_keras.optimizers.Optimizer):
+class TfKerasDynamicEmbeddingOptimizer(
+    SlotTablesSaving, KerasWrapperMixin, tf_keras.optimizers.Optimizer
+):
     """A tf_keras optimizer that also trains `de.Variable`s; made by
-    `de.DynamicEmbeddingOptimizer(tf_keras_optimizer)`."""
+    `de.DynamicEmbeddingOptimizer(tf_keras_optimizer)`. Keras files (`.keras`,
+    `.weights.h5`) hold its slot tables (`SlotTablesSaving`)."""
 
     def __init__(self, inner_optimizer, bp_v2: Optional[bool] = None, name: Optional[str] = None, **kwargs):
         if kwargs:

@@ -84,9 +84,18 @@ class TrainableRows:
             self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False)
             self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False)
         setattr(self.variable, _OWNER_ATTR, self)
+        # Keras 3 reads these from every trainable weight (its own Variables have them).
+        self.variable.regularizer = None
+        if not hasattr(self.variable, "constraint"):
+            self.variable.constraint = None
         # Append-or-overwrite state (see the module docstring).
         self._pending_eager = False
         self._last_graph: Optional[weakref.ref] = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether eager lookups wrote rows that no optimizer step consumed yet."""
+        return self._pending_eager
 
     # -- the lookup side -------------------------------------------------------------------
 

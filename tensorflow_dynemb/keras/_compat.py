@@ -1,0 +1,114 @@
+"""The Keras the layers are built on, and the two framework hooks they need.
+
+`de.keras.layers` follow `tf.keras`: Keras 3 on TF >= 2.16, or `tf_keras` (Keras 2)
+when `TF_USE_LEGACY_KERAS=1` is set before TensorFlow is imported. `tf.keras` is fixed
+for the life of the process, so the choice is made once, here, at import.
+
+The two differences the layers care about live in two mixins, defined per Keras:
+
+- how a layer lists its trainable view among the model's weights (`ViewWeights`):
+  Keras 3 collects `layer.variables` / `layer.weights` from sublayers, tf_keras collects
+  `layer.trainable_weights`;
+- how a layer finds the model that is calling it (`CallerTracking`), so that a model
+  compiled with a plain optimizer can be switched to `de.DynamicEmbeddingOptimizer`
+  (see `layers.py`). Neither Keras has a public API for this: Keras 3 keeps the
+  outermost layer of the current call in its call context (`entry_layer`); tf_keras'
+  call context names only the innermost layer, so the layer reads it in `__call__`,
+  just before its own call replaces it, which gives the layer that called it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List, Optional
+
+import tensorflow as tf
+
+Layer = tf.keras.layers.Layer
+
+# tf.keras is tf_keras exactly when TF_USE_LEGACY_KERAS is set.
+IS_KERAS3 = not Layer.__module__.startswith("tf_keras")
+
+if IS_KERAS3:
+    import keras as keras_module
+    from keras.src.backend.common import global_state as _keras3_global_state
+else:
+    import tf_keras as keras_module
+    from tf_keras.src.engine import base_layer_utils as _tf_keras_layer_utils
+
+__all__ = ["IS_KERAS3", "Layer", "keras_module", "CallerTracking", "Untracked", "ViewWeights"]
+
+
+class Untracked:
+    """Plain attributes for a layer or an optimizer to hold, out of sight of Keras'
+    and TF's attribute tracking (which would wrap dicts and lists, make checkpoint
+    dependencies of trackables, and save layers)."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+def _merged(variables: List[Any], extra: List[Any]) -> List[Any]:
+    """`variables` followed by the members of `extra` not already in it."""
+    seen = {id(v) for v in variables}
+    return list(variables) + [v for v in extra if id(v) not in seen]
+
+
+if IS_KERAS3:
+
+    class ViewWeights:
+        """Adds `self._listed_views()` to what Keras 3 collects from a layer: its
+        `variables` and `weights` (`trainable_weights` and `trainable_variables`
+        filter these; a `Model` gathers them from every sublayer)."""
+
+        @property
+        def variables(self):
+            return _merged(super().variables, self._listed_views())
+
+        @property
+        def weights(self):
+            return _merged(super().weights, self._listed_views())
+
+    class CallerTracking:
+        """Finds the model a layer is called by (Keras 3)."""
+
+        def _calling_model(self) -> Optional[Any]:
+            """The outermost layer of the current call (the model `fit` calls), or None
+            when this layer was called directly."""
+            context = _keras3_global_state.get_global_attribute("current_call_ctx")
+            entry = getattr(context, "entry_layer", None)
+            return None if entry is self else entry
+
+else:
+
+    class ViewWeights:
+        """Adds `self._listed_views()` to what tf_keras collects from a layer: its
+        `trainable_weights` (`weights`, `variables` and `trainable_variables` derive from
+        it, and a `Model` gathers `trainable_variables` from every sublayer)."""
+
+        @property
+        def trainable_weights(self):
+            return _merged(super().trainable_weights, self._listed_views())
+
+    # Per thread: id(layer) -> the layers that called it, innermost call last.
+    _callers = threading.local()
+
+    class CallerTracking:
+        """Finds the model a layer is called by (tf_keras)."""
+
+        def __call__(self, *args, **kwargs):
+            # Read before `super().__call__` enters this layer's own call context.
+            stacks = _callers.__dict__.setdefault("stacks", {})
+            stack = stacks.setdefault(id(self), [])
+            stack.append(_tf_keras_layer_utils.call_context().layer)
+            try:
+                return super().__call__(*args, **kwargs)
+            finally:
+                stack.pop()
+                if not stack:
+                    del stacks[id(self)]
+
+        def _calling_model(self) -> Optional[Any]:
+            """The layer (usually the model) whose call called this layer, or None."""
+            stack = _callers.__dict__.get("stacks", {}).get(id(self))
+            return stack[-1] if stack else None

@@ -1,0 +1,580 @@
+"""Keras embedding layers over a `de.Variable`: TFRA's `de.keras.layers`.
+
+- `Embedding` (alias `BasicEmbedding`): the rows of any tensor of ids,
+  `ids.shape + [embedding_size]`, as `tf.keras.layers.Embedding` without a vocabulary;
+- `SquashedEmbedding`: those rows reduced by `combiner` to one row per example;
+- `FieldWiseEmbedding`: the rows of each example reduced per field (`slot_map_fn`
+  maps an id to its field), `[batch, nslots, embedding_size]`.
+
+Each layer owns one `de.Variable` (`layer.params`, named `<layer name>-parameter`) and
+works with Keras 3 and with tf_keras (whichever `tf.keras` is, see `_compat.py`).
+
+Training. A call with `training=False` (Keras' `evaluate` and `predict`) reads the
+table directly. Any other call looks ids up like `de.embedding_lookup`: through the
+variable's trainable view (see `trainable.py`) when a gradient may be taken (inside a
+`tf.function`, or eagerly under a `tf.GradientTape`), directly otherwise. The view has
+no fixed shape (`[None, dim]`), so the layer lists it among its (trainable) weights
+only where a step can use it: in the graph that looked it up, or eagerly until the
+optimizer has consumed the looked-up rows. That is where `Model.train_step` and custom
+loops read `model.trainable_variables`, after the forward pass; elsewhere (building an
+optimizer, `model.summary()`, saving) the layer has no Keras weights.
+
+Plain optimizers. `de.DynamicEmbeddingOptimizer` is what updates the table. A model
+compiled with a plain Keras optimizer (`compile(optimizer="adam")`) is switched to the
+wrapped equivalent by the layer itself: a training lookup finds the calling model
+(through Keras' call context) and, if its `optimizer` is a plain Keras optimizer,
+replaces it by `de.DynamicEmbeddingOptimizer(optimizer)`, which keeps training the dense
+variables with the same optimizer object. This happens in the forward pass of the first
+training step, before `train_step` applies the gradients. Keras may build the plain
+optimizer before that (Keras 3's `fit`, `load_model`): it then sees only the dense
+variables, since the view is not listed outside a step.
+
+Saving. `save_own_variables` / `load_own_variables` write the table (and the state
+tables of the variable's restrict / admit policies) into Keras weight files
+(`model.save`, `save_weights`); `tf.train.Checkpoint` saves them through the variable
+itself.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_dynemb import _export_context
+from tensorflow_dynemb.keras import _config, _saving
+from tensorflow_dynemb.keras._compat import (
+    IS_KERAS3,
+    CallerTracking,
+    Layer,
+    Untracked,
+    ViewWeights,
+    keras_module,
+)
+from tensorflow_dynemb.lookup import embedding_lookup, embedding_lookup_unique
+from tensorflow_dynemb.optimizer import DynamicEmbeddingOptimizer, wrapped
+from tensorflow_dynemb.sharding import default_partition_fn
+from tensorflow_dynemb.trainable import rows_of, tape_may_record
+from tensorflow_dynemb.variable import Variable
+
+# Register the optimizer wrapper of this Keras, so that `load_model` finds it.
+if IS_KERAS3:
+    import tensorflow_dynemb.optimizer_keras  # noqa: F401
+else:
+    import tensorflow_dynemb.optimizer_tf_keras  # noqa: F401
+
+__all__ = ["Embedding", "BasicEmbedding", "SquashedEmbedding", "FieldWiseEmbedding"]
+
+_register = keras_module.saving.register_keras_serializable(package="tensorflow_dynemb")
+
+
+@_register
+class Embedding(ViewWeights, CallerTracking, Layer):
+    """The embedding rows of ids of any shape, from a dynamic table (no vocabulary).
+
+    Like `tf.keras.layers.Embedding`, but the table is a `de.Variable`: any id of
+    `key_dtype` has a row, ids never collide, and the table grows with the ids that
+    training sees. Output: `ids.shape + [embedding_size]`.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> import tensorflow_dynemb as de
+    >>> ids = tf.keras.Input(shape=(2,), dtype="int64")
+    >>> x = de.keras.layers.Embedding(4, initializer=0.5, name="user")(ids)
+    >>> model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(x)))
+    >>> model.compile(optimizer="adam", loss="mse")  # trained with the wrapped Adam
+    >>> _ = model.fit(tf.constant([[1, 2], [3, 1]], tf.int64), tf.ones([2, 1]), verbose=0)
+    >>> int(model.get_layer("user").params.size())  # ids seen: 1, 2, 3
+    3
+    """
+
+    def __init__(
+        self,
+        embedding_size: int,
+        key_dtype: Any = tf.int64,
+        value_dtype: Any = tf.float32,
+        combiner: str = "sum",
+        initializer: Any = None,
+        devices: Optional[List[str]] = None,
+        name: Optional[str] = None,
+        with_unique: bool = True,
+        short_file_name: bool = False,
+        *,
+        trainable: bool = True,
+        bp_v2: bool = False,
+        restrict_policy: Any = None,
+        admit_policy: Any = None,
+        init_capacity: Optional[int] = None,
+        init_size: Optional[int] = None,
+        partitioner: Optional[Callable] = None,
+        kv_creator: Any = None,
+        max_norm: Optional[float] = None,
+        checkpoint: bool = True,
+        keep_distribution: bool = False,
+        distribute_strategy: Any = None,
+        **kwargs,
+    ):
+        """Creates the layer and its `de.Variable` (`self.params`).
+
+        Args:
+          embedding_size: the row length (>= 1).
+          key_dtype: the id dtype: `tf.int64` (default), `tf.int32` or `tf.string`.
+          value_dtype: a floating row dtype (default `tf.float32`); also the layer's dtype.
+          combiner: how `SquashedEmbedding` / `FieldWiseEmbedding` reduce rows (see
+            them); `Embedding` itself returns every row.
+          initializer: what ids without a row read: a Keras initializer (or its name),
+            a number, or a `[embedding_size]` vector. Default `RandomNormal()` (TFRA's
+            default), drawn per id.
+          devices: one table shard per device (default: the variable's default).
+          name: the layer name (default: from the class, made unique by Keras); the
+            variable is `<name>-parameter`.
+          with_unique: look each distinct id of a training call up once (default
+            True; TFRA's GPU tables needed it, these tables do not).
+          short_file_name: accepted for TFRA compatibility; no effect (file names of
+            `save_to_file_system` are chosen there).
+          trainable: whether training updates the table.
+          bp_v2: write training updates back by adding deltas (`accum`).
+          restrict_policy: a restrict policy class, e.g. `de.TimestampRestrictPolicy`.
+          admit_policy: a `de.FrequencyAdmitPolicy`.
+          init_capacity: ids to reserve room for (TFRA's name; `init_size` is accepted
+            as a synonym).
+          init_size: see `init_capacity`.
+          partitioner: `fn(keys, num_shards) -> shard ids` (default
+            `de.default_partition_fn`).
+          kv_creator: `de.HashTableCreator()` (default) or `de.HkvHashTableCreator(...)`.
+          max_norm: clip each looked-up row to this L2 norm.
+          checkpoint: whether checkpoints and Keras weight files hold the table.
+          keep_distribution: also save `devices` in the layer config (TFRA); otherwise a
+            layer rebuilt from its config uses the default devices, and the saved
+            table is resharded into them.
+          distribute_strategy: not supported; must be None.
+          **kwargs: Keras layer arguments.
+
+        Raises:
+          TypeError: a non-integer `embedding_size`, or a non-floating `value_dtype`.
+          ValueError: an unknown `combiner`, or conflicting `init_capacity` /
+            `init_size`.
+          NotImplementedError: a `distribute_strategy`.
+        """
+        del short_file_name  # see Args
+        try:
+            embedding_size = int(embedding_size)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"`embedding_size` must be convertible to int, got {embedding_size!r}."
+            ) from None
+        value_dtype = tf.as_dtype(value_dtype)
+        if not value_dtype.is_floating:
+            raise TypeError(
+                f"`value_dtype` of an embedding layer must be floating (it is trained), "
+                f"got {value_dtype.name}."
+            )
+        if distribute_strategy is not None:
+            raise NotImplementedError(
+                "`distribute_strategy` is not supported by de.keras.layers; train one "
+                "replica, or shard the table over `devices`."
+            )
+        if "dtype" in kwargs:
+            raise TypeError("Pass the row dtype as `value_dtype`, not `dtype`.")
+        self._check_combiner(combiner)
+        init_size = _init_size(init_capacity, init_size)
+        if initializer is None:
+            initializer = keras_module.initializers.RandomNormal()
+        elif isinstance(initializer, (str, dict)):
+            initializer = keras_module.initializers.get(initializer)
+
+        super().__init__(name=name, trainable=trainable, dtype=value_dtype.name, **kwargs)
+        # The table ops cannot be compiled by XLA (Keras 3 `jit_compile="auto"`).
+        self.supports_jit = False
+        self.embedding_size = embedding_size
+        self.combiner = combiner
+        self.with_unique = bool(with_unique)
+        self.max_norm = max_norm
+        self.keep_distribution = bool(keep_distribution)
+        # The arguments the variable resolves, kept as given for `get_config`.
+        self._initializer_arg = initializer
+        self._restrict_policy_arg = restrict_policy
+        self._checkpoint_arg = bool(checkpoint)
+        self._init_size = init_size
+        # The trainable views this layer looked up: per graph (weakly), and eagerly.
+        self._step = Untracked(graph_views=weakref.WeakKeyDictionary(), eager_views=[])
+        self.params = Variable(
+            key_dtype=key_dtype,
+            value_dtype=value_dtype,
+            dim=embedding_size,
+            devices=devices,
+            partitioner=partitioner or default_partition_fn,
+            name=f"{self.name}-parameter",
+            initializer=initializer,
+            trainable=True,  # `self.trainable` decides, so that it can be toggled
+            checkpoint=checkpoint,
+            init_size=init_size,
+            kv_creator=kv_creator,
+            restrict_policy=restrict_policy,
+            bp_v2=bp_v2,
+            admit_policy=admit_policy,
+        )
+
+    @staticmethod
+    def _check_combiner(combiner: Any) -> None:
+        if not isinstance(combiner, str):
+            raise ValueError(f"`combiner` must be a string, got {combiner!r}.")
+
+    # -- call -------------------------------------------------------------------------------
+
+    def call(self, ids, training=None):
+        return self._rows(ids, training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(tf.TensorShape(input_shape).as_list()) + (self.embedding_size,)
+
+    def _rows(self, ids, training) -> tf.Tensor:
+        """`ids.shape + [embedding_size]` rows; through the trainable view when this
+        call may be trained (see the module docstring)."""
+        _check_not_floating(ids)
+        if not self._may_train(training):
+            return self._read_rows(ids)
+        lookup = embedding_lookup_unique if self.with_unique else embedding_lookup
+        rows, view = lookup(
+            self.params, ids, name=self.name, max_norm=self.max_norm, return_trainable=True
+        )
+        self._note_view(view)
+        self._wrap_model_optimizer()
+        return rows
+
+    def _may_train(self, training) -> bool:
+        if not self.trainable or (isinstance(training, (bool, np.bool_)) and not training):
+            return False
+        # A SavedModel serves: its functions (tf_keras traces training=True ones too)
+        # read the table, and capture no trainable view.
+        if _export_context.read_only():
+            return False
+        if tf.executing_eagerly():
+            return tape_may_record()
+        # tf_keras traces `call` once in its "keras_graph" to build a functional model:
+        # nothing is trained there.
+        return getattr(tf.compat.v1.get_default_graph(), "name", None) != "keras_graph"
+
+    def _read_rows(self, ids) -> tf.Tensor:
+        """The rows of `ids` straight from the table: no copy, nothing inserted (the
+        tables take repeated ids as they come, so `with_unique` changes nothing here)."""
+        rows = self.params.lookup(ids)
+        if self.max_norm is not None:
+            rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
+        return rows
+
+    # -- training -------------------------------------------------------------------------
+
+    def _note_view(self, view: tf.Variable) -> None:
+        """Records where `view` was looked up, for `_listed_views`."""
+        if tf.executing_eagerly():
+            self._step.eager_views = [view]
+            return
+        graph = tf.compat.v1.get_default_graph()
+        while True:
+            self._step.graph_views[graph] = [view]
+            # A lookup inside a tf.cond / tf.while_loop body serves the enclosing graph.
+            if not getattr(graph, "is_control_flow_graph", False):
+                break
+            graph = graph.outer_graph
+
+    def _listed_views(self) -> List[tf.Variable]:
+        """The trainable views to list among the layer's weights here (see the module
+        docstring): those looked up in the current graph, or eagerly those whose rows
+        no optimizer step has consumed yet."""
+        if not self.trainable:
+            return []
+        if tf.executing_eagerly():
+            return [v for v in self._step.eager_views if _has_pending_rows(v)]
+        return list(self._step.graph_views.get(tf.compat.v1.get_default_graph(), []))
+
+    def _wrap_model_optimizer(self) -> None:
+        """Switches the calling model's plain Keras optimizer to
+        `de.DynamicEmbeddingOptimizer(optimizer)` (see the module docstring)."""
+        model = self._calling_model()
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None or wrapped(optimizer) is not None:
+            return
+        # Out of any function being traced: the wrapper creates variables.
+        with tf.init_scope():
+            model.optimizer = DynamicEmbeddingOptimizer(optimizer)
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def _saved_variables(self) -> dict:
+        """`{store name: de.Variable}`: the table ("table"), and the state tables of its
+        policies by their names relative to the table's."""
+        saved = {"table": self.params}
+        prefix = self.params.name + "/"
+        for module in self.params.submodules:
+            if isinstance(module, Variable):
+                name = module.name[len(prefix):] if module.name.startswith(prefix) else module.name
+                saved[_saving.store_name(name)] = module
+        return saved
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        _saving.save_tables(store, self._saved_variables())
+
+    def load_own_variables(self, store):
+        super().load_own_variables(_saving.numbered_entries(store))
+        tables = _saving.read_tables(store)
+        for name, variable in self._saved_variables().items():
+            if name in tables:
+                _saving.restore_table(variable, tables[name])
+
+    # -- config ---------------------------------------------------------------------------
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("dtype", None)  # `value_dtype` says it
+        params = self.params
+        config.update(
+            {
+                "embedding_size": self.embedding_size,
+                "key_dtype": params.key_dtype.name,
+                "value_dtype": params.value_dtype.name,
+                "combiner": self.combiner,
+                "initializer": _config.initializer_to_config(
+                    self._initializer_arg, params.initializer
+                ),
+                "devices": params.devices if self.keep_distribution else None,
+                "with_unique": self.with_unique,
+                "bp_v2": params.bp_v2,
+                "restrict_policy": _config.restrict_policy_to_config(self._restrict_policy_arg),
+                "admit_policy": _config.admit_policy_to_config(params.admit_policy),
+                "init_capacity": self._init_size,
+                "partitioner": _config.partitioner_to_config(params.partition_fn),
+                "kv_creator": _config.kv_creator_to_config(params.kv_creator),
+                "max_norm": self.max_norm,
+                "checkpoint": self._checkpoint_arg,
+                "keep_distribution": self.keep_distribution,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["initializer"] = _config.initializer_from_config(config.get("initializer"))
+        config["partitioner"] = _config.function_from_config(
+            config.get("partitioner"), "partitioner"
+        )
+        config["kv_creator"] = _config.kv_creator_from_config(config.get("kv_creator"))
+        config["restrict_policy"] = _config.restrict_policy_from_config(
+            config.get("restrict_policy")
+        )
+        config["admit_policy"] = _config.admit_policy_from_config(config.get("admit_policy"))
+        return cls(**config)
+
+
+# TFRA's other name for the layer.
+BasicEmbedding = Embedding
+
+
+@_register
+class SquashedEmbedding(Embedding):
+    """`Embedding` rows reduced to one row per example by `combiner`.
+
+    For ids of shape `[batch, s1, ..., sn]` the output is `[batch, embedding_size]`: the
+    rows of each example reduced over all their id axes; a 1-D `[n]` input is one
+    example, reduced to `[embedding_size]`. `combiner` names a `tf.math.reduce_*`
+    function: "sum" (default), "mean", "max", "min", "prod", "std", ...
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> import tensorflow_dynemb as de
+    >>> layer = de.keras.layers.SquashedEmbedding(3, initializer=1.0, combiner="sum")
+    >>> layer(tf.constant([[1, 2], [3, 3]], tf.int64)).numpy()
+    array([[2., 2., 2.],
+           [2., 2., 2.]], dtype=float32)
+    """
+
+    @staticmethod
+    def _check_combiner(combiner: Any) -> None:
+        _reduce_fn(combiner)
+
+    def call(self, ids, training=None):
+        rows = self._rows(ids, training)
+        reduce = _reduce_fn(self.combiner)
+        if rows.shape.rank == 2:  # one example of ids
+            return reduce(rows, axis=0)
+        return reduce(rows, axis=list(range(1, rows.shape.rank - 1)))
+
+    def compute_output_shape(self, input_shape):
+        shape = tf.TensorShape(input_shape).as_list()
+        return (self.embedding_size,) if len(shape) == 1 else (shape[0], self.embedding_size)
+
+
+@_register
+class FieldWiseEmbedding(Embedding):
+    """`Embedding` rows of each example reduced per field.
+
+    `slot_map_fn(ids)` maps each id of the `[batch, n]` ids to its field in
+    `[0, nslots)`; the rows of the ids of one field of one example are combined by
+    `combiner` ("sum", "mean" or "sqrtn"; a field without ids is zeros). Output:
+    `[batch, nslots, embedding_size]`.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> import tensorflow_dynemb as de
+    >>> layer = de.keras.layers.FieldWiseEmbedding(
+    ...     2, nslots=3, slot_map_fn=lambda ids: ids % 3, initializer=1.0)
+    >>> layer(tf.constant([[23, 12, 0]], tf.int64)).numpy()
+    array([[[2., 2.],
+            [0., 0.],
+            [1., 1.]]], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        embedding_size: int,
+        nslots: int,
+        slot_map_fn: Optional[Callable] = None,
+        key_dtype: Any = tf.int64,
+        value_dtype: Any = tf.float32,
+        combiner: str = "sum",
+        initializer: Any = None,
+        devices: Optional[List[str]] = None,
+        name: Optional[str] = None,
+        with_unique: bool = True,
+        **kwargs,
+    ):
+        """Args as `Embedding`'s, and:
+
+          nslots: the number of fields (>= 1).
+          slot_map_fn: `fn(ids) -> fields`, element-wise, of the ids' shape. To save the
+            layer in a Keras file, register it with
+            `tf.keras.saving.register_keras_serializable()`.
+
+        Raises:
+          ValueError: `slot_map_fn` is not callable, `nslots` < 1, or `combiner` is not
+            "sum", "mean" or "sqrtn".
+        """
+        if not callable(slot_map_fn):
+            raise ValueError(f"`slot_map_fn` must be callable, got {slot_map_fn!r}.")
+        try:
+            nslots = int(nslots)
+        except (TypeError, ValueError):
+            raise TypeError(f"`nslots` must be convertible to int, got {nslots!r}.") from None
+        if nslots < 1:
+            raise ValueError(f"`nslots` must be >= 1, got {nslots}.")
+        super().__init__(
+            embedding_size,
+            key_dtype=key_dtype,
+            value_dtype=value_dtype,
+            combiner=combiner,
+            initializer=initializer,
+            devices=devices,
+            name=name,
+            with_unique=with_unique,
+            **kwargs,
+        )
+        self.nslots = nslots
+        self.slot_map_fn = slot_map_fn
+
+    @staticmethod
+    def _check_combiner(combiner: Any) -> None:
+        _segment_fn(combiner)
+
+    def call(self, ids, training=None):
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank != 2:
+            raise ValueError(
+                f"FieldWiseEmbedding takes ids of shape [batch, n], got shape {ids.shape}."
+            )
+        rows = self._rows(tf.reshape(ids, [-1]), training)
+        batch = tf.shape(ids, out_type=tf.int64)[0]
+        fields = tf.cast(tf.reshape(self.slot_map_fn(ids), [-1]), tf.int64)
+        # Output row of each id: its example's first row plus its field.
+        example = tf.repeat(tf.range(batch), tf.shape(ids, out_type=tf.int64)[1])
+        segments = example * self.nslots + fields
+        pooled = _segment_fn(self.combiner)(rows, segments, batch * self.nslots)
+        return tf.reshape(pooled, [-1, self.nslots, self.embedding_size])
+
+    def compute_output_shape(self, input_shape):
+        batch = tf.TensorShape(input_shape).as_list()[0]
+        return (batch, self.nslots, self.embedding_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config["nslots"] = self.nslots
+        config["slot_map_fn"] = _config.function_to_config(self.slot_map_fn)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["slot_map_fn"] = _config.function_from_config(
+            config.get("slot_map_fn"), "slot_map_fn"
+        )
+        return super().from_config(config)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _init_size(init_capacity: Optional[int], init_size: Optional[int]) -> int:
+    if init_capacity is not None and init_size is not None and init_capacity != init_size:
+        raise ValueError(
+            f"`init_capacity` ({init_capacity}) and its synonym `init_size` ({init_size}) "
+            "differ; pass one."
+        )
+    for value in (init_capacity, init_size):
+        if value is not None:
+            return value
+    return 0
+
+
+def _reduce_fn(combiner: Any) -> Callable:
+    """`tf.math.reduce_<combiner>` (TFRA's SquashedEmbedding combiners)."""
+    fn = getattr(tf.math, f"reduce_{combiner}", None) if isinstance(combiner, str) else None
+    if not callable(fn):
+        raise ValueError(
+            f"`combiner` must name a tf.math.reduce_* function (\"sum\", \"mean\", \"max\", "
+            f"\"min\", \"prod\", \"std\", ...), got {combiner!r}."
+        )
+    return fn
+
+
+_SEGMENT_FNS = {
+    "sum": tf.math.unsorted_segment_sum,
+    "mean": tf.math.unsorted_segment_mean,
+    "sqrtn": tf.math.unsorted_segment_sqrt_n,
+    "sqrt_n": tf.math.unsorted_segment_sqrt_n,
+}
+
+
+def _segment_fn(combiner: Any) -> Callable:
+    """The segment reduction of FieldWiseEmbedding's `combiner`."""
+    fn = _SEGMENT_FNS.get(combiner) if isinstance(combiner, str) else None
+    if fn is None:
+        raise ValueError(
+            f"`combiner` of FieldWiseEmbedding must be \"sum\", \"mean\" or \"sqrtn\", "
+            f"got {combiner!r}."
+        )
+    return fn
+
+
+def _check_not_floating(ids) -> None:
+    """Floating ids are Keras' default input dtype, not ids: say how to declare them
+    (casting would silently merge ids above 2**24)."""
+    dtype = getattr(ids, "dtype", None)
+    if dtype is not None and tf.as_dtype(dtype).is_floating:
+        raise TypeError(
+            f"Embedding ids must be integers or strings, got {tf.as_dtype(dtype).name}: "
+            "declare the model input with its dtype, e.g. "
+            "`keras.Input(shape=(n,), dtype=\"int64\")`."
+        )
+
+
+def _has_pending_rows(view: tf.Variable) -> bool:
+    """Whether eager lookups wrote rows into `view` that no optimizer step consumed."""
+    return rows_of(view).pending

@@ -1,0 +1,59 @@
+"""Runs Keras scenarios of `de.keras.layers` in a fresh process; used by
+test_keras_layers.py.
+
+    python tests/keras_worker.py scenarios WORKDIR
+        every scenario of keras_scenarios.py, with the Keras `tf.keras` is in this
+        process (the caller sets TF_USE_LEGACY_KERAS=1 for tf_keras);
+    python tests/keras_worker.py load WORKDIR
+        `load_model` of the model the `save_for_fresh_process` scenario saved, in a
+        process that imports nothing but tensorflow_dynemb: no custom_objects.
+
+Prints one JSON object on the last line of stdout; a scenario that raises records
+{"error": traceback}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+# The devices of 2-shard tables, as tests/conftest.py configures them for pytest.
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 3)
+
+from tables_worker import guarded, jsonable  # noqa: E402
+
+
+def load(workdir):
+    import tensorflow_dynemb  # noqa: F401  (registers the layers and the optimizer wrapper)
+
+    flavor = "keras3" if tf.keras.layers.Layer.__module__.startswith("keras") else "tf_keras"
+    model = tf.keras.models.load_model(os.path.join(workdir, f"{flavor}-fresh.keras"))
+    ids = np.load(os.path.join(workdir, "ids.npy"))
+    return {
+        "predict": model.predict(ids, verbose=0).tolist(),
+        "optimizer": type(model.optimizer).__name__,
+        "layer": type(model.get_layer("user")).__name__,
+    }
+
+
+def run_scenarios(workdir):
+    import keras_scenarios
+
+    return {name: guarded(fn, workdir) for name, fn in keras_scenarios.SCENARIOS.items()}
+
+
+def main(argv):
+    modes = {"scenarios": run_scenarios, "load": lambda workdir: guarded(load, workdir)}
+    mode, workdir = argv[1], argv[2]
+    if mode not in modes:
+        raise SystemExit(f"unknown mode {mode!r}")
+    print(json.dumps(jsonable(modes[mode](workdir))))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
