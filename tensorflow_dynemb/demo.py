@@ -1,0 +1,388 @@
+"""End-to-end demo: train a click-through-rate model on dynamic embeddings.
+
+    python -m tensorflow_dynemb.demo [--rows 1000000] [--vocab 1000000] [--features 7]
+        [--epochs 1] [--batch-size 1024] [--dim 8] [--workdir DIR] [--seed 0] [--min-auc 0.7]
+
+(`bash scripts/demo.sh [flags]` sets up a virtualenv first, then runs this.)
+
+What it does:
+
+1. Generates a synthetic click log: categorical features (user_id, item_id,
+   advertiser_id, category, city, device, hour, ...) with up to `--vocab`
+   possible ids each. Ids are drawn with power-law (Zipf-like) frequencies, as in
+   real logs: a few ids are very frequent, most are rare or never seen. Ids are
+   large hash-like int64 values, not dense indices, so a static embedding table
+   could not index them directly. The click label is
+   Bernoulli(sigmoid(bias + sum of per-id effects + a device x hour interaction)),
+   so there is something to learn; the AUC of the true click probabilities is
+   the ceiling any model can reach.
+2. Trains a CTR model (one dynamic embedding per feature, then an MLP) with
+   `model.fit`.
+3. Reports the AUC on held-out rows (which contain ids never seen in training).
+4. Saves a `tf.train.Checkpoint`, restores it into a freshly built model and
+   checks that the restored model predicts exactly what the trained one did.
+
+Exits with status 1 when the held-out AUC is below `--min-auc` or the restored
+predictions differ, so it doubles as a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow import keras
+
+import tensorflow_dynemb as de
+
+# ----------------------------------------------------------------------------
+# Synthetic click log (numpy only)
+# ----------------------------------------------------------------------------
+
+# Vocabulary sizes below are those of the default --vocab; features with
+# `scales=True` grow or shrink proportionally with --vocab.
+DEFAULT_VOCAB = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """One categorical feature of the click log.
+
+    Attributes:
+      name: feature (and model input) name.
+      vocab: number of possible ids.
+      zipf: power-law exponent s of the id frequencies (P(rank k) ~ k^-s).
+      effect_std: standard deviation of the per-id effects on the click logit.
+      scales: whether `vocab` scales with --vocab.
+    """
+
+    name: str
+    vocab: int
+    zipf: float
+    effect_std: float
+    scales: bool = True
+
+
+# Large, skewed id spaces carry most of the signal (that is what dynamic
+# embeddings are for); small ones (device, hour) are fully learnable.
+FEATURES: Tuple[FeatureSpec, ...] = (
+    FeatureSpec("user_id", 1_000_000, zipf=1.0, effect_std=0.8),
+    FeatureSpec("item_id", 250_000, zipf=1.1, effect_std=0.8),
+    FeatureSpec("advertiser_id", 10_000, zipf=1.1, effect_std=0.6),
+    FeatureSpec("category", 1_000, zipf=1.0, effect_std=0.6, scales=False),
+    FeatureSpec("city", 3_000, zipf=1.2, effect_std=0.4, scales=False),
+    FeatureSpec("device", 30, zipf=1.5, effect_std=0.4, scales=False),
+    FeatureSpec("hour", 24, zipf=0.3, effect_std=0.2, scales=False),
+)
+# Features past len(FEATURES) (with --features N) are generic ones like this.
+EXTRA_FEATURE = FeatureSpec("feature_{}", 100_000, zipf=1.1, effect_std=0.3)
+# A pairwise interaction (an effect per (device, hour) pair): the MLP can learn
+# it, a sum of per-feature terms cannot.
+INTERACTION = ("device", "hour")
+INTERACTION_STD = 0.5
+# Intercept of the click logit: about 20% of the rows are clicks.
+BIAS = -1.8
+
+_U64 = np.uint64
+_MASK32 = _U64(0xFFFFFFFF)
+
+
+def feature_specs(num_features: int, vocab: int) -> List[FeatureSpec]:
+    """The first `num_features` features, their vocabularies scaled to `vocab`."""
+    specs = []
+    for i in range(num_features):
+        spec = FEATURES[i] if i < len(FEATURES) else dataclasses.replace(
+            EXTRA_FEATURE, name=EXTRA_FEATURE.name.format(i))
+        if spec.scales:
+            spec = dataclasses.replace(spec, vocab=max(2, round(spec.vocab * vocab / DEFAULT_VOCAB)))
+        specs.append(spec)
+    return specs
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection of uint64 that scatters bits like a hash."""
+    with np.errstate(over="ignore"):
+        z = x.astype(_U64) + _U64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+        return z ^ (z >> _U64(31))
+
+
+def _salt(seed: int, *parts: str) -> np.uint64:
+    """A uint64 constant derived from the seed and names (stable across processes,
+    unlike Python's salted `hash`)."""
+    h = mix64(np.array([seed], dtype=_U64))
+    for part in parts:
+        for byte in part.encode():
+            h = mix64(h ^ _U64(byte))
+    return h[0]
+
+
+def sample_ranks(rng: np.random.Generator, n: int, vocab: int, zipf: float) -> np.ndarray:
+    """`n` ranks in [0, vocab) with P(rank k) roughly proportional to (k + 1)^-zipf.
+
+    Inverse-CDF sampling of the continuous power law on [1, vocab + 1): exact in
+    the tail, vectorised, and needs no table of `vocab` probabilities.
+    """
+    u = rng.random(n)
+    if abs(zipf - 1.0) < 1e-9:
+        x = np.power(vocab + 1.0, u)
+    else:
+        a = 1.0 - zipf
+        x = np.power(1.0 + u * ((vocab + 1.0) ** a - 1.0), 1.0 / a)
+    return np.minimum(np.floor(x).astype(np.int64) - 1, vocab - 1)
+
+
+def ranks_to_ids(ranks: np.ndarray, seed: int, feature: str) -> np.ndarray:
+    """Hash-like non-negative int64 ids for ranks: distinct ranks get distinct ids,
+    scattered over 63 bits, as the fingerprints real pipelines produce."""
+    return (mix64(ranks.astype(_U64) ^ _salt(seed, "id", feature)) >> _U64(1)).astype(np.int64)
+
+
+def hashed_normal(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
+    """A standard normal value per key, a pure function of (key, salt).
+
+    Effects are computed from the ids on the fly, so no table of millions of
+    effects is ever built. Box-Muller on the two 32-bit halves of a hash.
+    """
+    h = mix64(keys.astype(_U64) ^ salt)
+    u1 = ((h >> _U64(32)).astype(np.float64) + 0.5) / 2.0**32
+    u2 = ((h & _MASK32).astype(np.float64) + 0.5) / 2.0**32
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def generate_clicks(
+    rows: int, specs: Sequence[FeatureSpec], seed: int
+) -> Tuple[Dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A synthetic click log.
+
+    Returns:
+      (features, labels, probabilities): `features[name]` is an int64 `[rows]`
+      array of ids, `labels` a float32 `[rows]` array of 0/1 clicks and
+      `probabilities` the true click probability of each row. Rows are i.i.d.,
+      so the log needs no shuffling. Same arguments, same log.
+    """
+    rng = np.random.default_rng(seed)
+    features = {}
+    logit = np.full(rows, BIAS)
+    for spec in specs:
+        ids = ranks_to_ids(sample_ranks(rng, rows, spec.vocab, spec.zipf), seed, spec.name)
+        features[spec.name] = ids
+        logit += spec.effect_std * hashed_normal(ids, _salt(seed, "effect", spec.name))
+    a, b = INTERACTION
+    if a in features and b in features:
+        pair = mix64(features[a]) ^ features[b].astype(_U64)
+        logit += INTERACTION_STD * hashed_normal(pair, _salt(seed, "interaction"))
+    probabilities = 1.0 / (1.0 + np.exp(-logit))
+    labels = (rng.random(rows) < probabilities).astype(np.float32)
+    return features, labels, probabilities
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Exact ROC AUC (Mann-Whitney U; tied scores count one half)."""
+    labels = np.asarray(labels).ravel() > 0.5
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    order = np.argsort(scores, kind="stable")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat(first + (counts + 1) / 2.0, counts)  # 1-based mean rank of each tie group
+    n_pos = int(labels.sum())
+    n_neg = len(labels) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+# ----------------------------------------------------------------------------
+# The embedding layer: the only place that knows which layer is used
+# ----------------------------------------------------------------------------
+
+
+def make_embedding(spec: FeatureSpec, dim: int, seed: int) -> keras.layers.Layer:
+    """The embedding layer of one feature: int64 ids `[batch]` -> `[batch, dim]`."""
+    # Initial rows seeded per layer: with the dynamic layer, an id the model has
+    # never seen reads a row drawn from (seed, id), so the trained and the
+    # restored model give unseen held-out ids the same row.
+    initializer = keras.initializers.RandomNormal(0.0, 0.05, seed=seed)
+    return de.keras.layers.Embedding(
+        dim, key_dtype=tf.int64, value_dtype=tf.float32, initializer=initializer,
+        name=f"{spec.name}_embedding")
+
+
+def make_optimizer(learning_rate: float):
+    """Adam, wrapped so that it can also update dynamic embedding tables."""
+    return de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(learning_rate))
+
+
+def table_size(layer: keras.layers.Layer) -> int:
+    """Rows the embedding layer's table holds now."""
+    return int(layer.params.size())
+
+
+# ----------------------------------------------------------------------------
+# Model, training, checkpoint
+# ----------------------------------------------------------------------------
+
+
+def build_model(specs: Sequence[FeatureSpec], dim: int, seed: int) -> keras.Model:
+    """CTR model: one embedding per feature, concatenated, then an MLP -> P(click)."""
+    inputs = {s.name: keras.Input(shape=(), dtype="int64", name=s.name) for s in specs}
+    embedded = [make_embedding(s, dim, seed + i)(inputs[s.name]) for i, s in enumerate(specs)]
+    x = keras.layers.Concatenate()(embedded)
+    x = keras.layers.Dense(64, activation="relu")(x)
+    x = keras.layers.Dense(32, activation="relu")(x)
+    click = keras.layers.Dense(1, activation="sigmoid", name="click")(x)
+    return keras.Model(inputs, click, name="ctr_model")
+
+
+def make_dataset(features: Dict[str, np.ndarray], labels: Optional[np.ndarray], batch_size: int):
+    """Batches of (ids by feature, label), or of ids alone when `labels` is None.
+
+    No shuffling: the rows are i.i.d. already.
+    """
+    ds = tf.data.Dataset.from_tensor_slices(features if labels is None else (features, labels))
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def embedding_layers(model: keras.Model) -> List[keras.layers.Layer]:
+    """The model's embedding layers, in feature order."""
+    return [layer for layer in model.layers if layer.name.endswith("_embedding")]
+
+
+def save_and_restore(model: keras.Model, specs, args, workdir: str) -> Tuple[str, keras.Model]:
+    """Writes a checkpoint of `model` and restores it into a freshly built model."""
+    path = tf.train.Checkpoint(model=model).write(os.path.join(workdir, "ckpt", "ctr_model"))
+    # The same definition, seeds included, as when restoring in production: an id
+    # the model never trained on is not in the checkpoint, and it reads the row
+    # its initializer draws from (seed, id) in both models.
+    fresh = build_model(specs, args.dim, args.seed)
+    status = tf.train.Checkpoint(model=fresh).read(path)
+    # Every variable and table of the fresh model must come from the checkpoint.
+    # The checkpoint also holds the optimizer's state (a compiled Keras model
+    # tracks its optimizer), so training could resume from it; predicting does
+    # not need it, hence expect_partial.
+    status.assert_existing_objects_matched().expect_partial()
+    return path, fresh
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m tensorflow_dynemb.demo",
+        description="Train, evaluate, checkpoint and restore a CTR model on dynamic embeddings.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows of the click log")
+    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB,
+                   help="possible ids of the largest feature (user_id); item_id and "
+                        "advertiser_id vocabularies scale with it")
+    p.add_argument("--features", type=int, default=len(FEATURES),
+                   help=f"number of categorical features; past {len(FEATURES)}, generic ones are added")
+    # One pass: CTR models memorise rare ids in a second epoch and the held-out
+    # AUC drops (the "one-epoch phenomenon"); scale --rows instead.
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training rows")
+    p.add_argument("--batch-size", type=int, default=1024, help="rows per training step")
+    p.add_argument("--dim", type=int, default=8, help="embedding dimension")
+    p.add_argument("--learning-rate", type=float, default=0.002, help="Adam's learning rate")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="share of the rows held out for evaluation")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and of the model")
+    p.add_argument("--workdir", default=None, help="where the checkpoint goes (default: a new temporary directory)")
+    p.add_argument("--min-auc", type=float, default=0.7, help="exit with status 1 below this held-out AUC")
+    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                   help="model.fit verbosity: 1 progress bar, 2 one line per epoch, 0 silent")
+    args = p.parse_args(argv)
+    if args.rows < 100 or not 0.0 < args.test_fraction < 1.0 or args.features < 1:
+        p.error("need --rows >= 100, 0 < --test-fraction < 1 and --features >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="dynemb_demo_")
+    os.makedirs(workdir, exist_ok=True)
+    keras.utils.set_random_seed(args.seed)
+
+    print(f"==> Generating {args.rows:,} rows of clicks")
+    specs = feature_specs(args.features, args.vocab)
+    features, labels, probabilities = generate_clicks(args.rows, specs, args.seed)
+    n_train = args.rows - max(1, round(args.rows * args.test_fraction))
+    train = {k: v[:n_train] for k, v in features.items()}
+    test = {k: v[n_train:] for k, v in features.items()}
+    train_labels, test_labels = labels[:n_train], labels[n_train:]
+    data_s = time.perf_counter() - start
+
+    print(f"==> Training on {n_train:,} rows, evaluating on {args.rows - n_train:,} held-out rows")
+    model = build_model(specs, args.dim, args.seed)
+    model.compile(
+        optimizer=make_optimizer(args.learning_rate),
+        loss="binary_crossentropy",
+        metrics=[keras.metrics.AUC(name="auc")],
+        # The hash-table ops have no XLA kernels.
+        jit_compile=False,
+    )
+    train_start = time.perf_counter()
+    model.fit(
+        make_dataset(train, train_labels, args.batch_size),
+        validation_data=make_dataset(test, test_labels, args.batch_size),
+        epochs=args.epochs,
+        shuffle=False,  # the rows are i.i.d.; tf.data datasets are not shuffled by fit anyway
+        verbose=args.verbose,
+    )
+    train_s = time.perf_counter() - train_start
+    test_ds = make_dataset(test, None, args.batch_size)
+    predictions = model.predict(test_ds, verbose=0).ravel()
+    auc = roc_auc(test_labels, predictions)
+
+    print("==> Checkpoint: save, restore into a fresh model, predict")
+    ckpt_path, restored = save_and_restore(model, specs, args, workdir)
+    restored_predictions = restored.predict(test_ds, verbose=0).ravel()
+    max_diff = float(np.max(np.abs(restored_predictions - predictions)))
+    total_s = time.perf_counter() - start
+
+    # Summary.
+    print("\n==> Summary")
+    print(f"rows          {args.rows:,} ({n_train:,} train, {args.rows - n_train:,} held out), "
+          f"click rate {labels.mean():.1%}")
+    print(f"model         {len(specs)} features x embedding dim {args.dim}, MLP 64-32-1; "
+          f"{args.epochs} epoch(s) of batch {args.batch_size}")
+    print(f"  {'feature':<14} {'possible ids':>12} {'distinct in train':>18} {'table rows':>11}")
+    for spec, layer in zip(specs, embedding_layers(model)):
+        distinct = len(np.unique(train[spec.name]))
+        print(f"  {spec.name:<14} {spec.vocab:>12,} {distinct:>18,} {table_size(layer):>11,}")
+    print(f"held-out AUC  {auc:.4f}  (true click probabilities reach {roc_auc(test_labels, probabilities[n_train:]):.4f})")
+    print(f"checkpoint    {ckpt_path} ({_dir_bytes(os.path.dirname(ckpt_path)) / 2**20:.1f} MiB); "
+          f"restored model's predictions: max |diff| {max_diff:.2g}")
+    print(f"time          {total_s:.1f} s (data {data_s:.1f} s, fit {train_s:.1f} s)")
+
+    failures = []
+    if not auc >= args.min_auc:
+        failures.append(f"held-out AUC {auc:.4f} < --min-auc {args.min_auc}")
+    # Same weights, same batches, same kernels: the predictions should be
+    # bit-identical; the tolerance only forgives nondeterministic float sums.
+    if not max_diff <= 1e-6:
+        failures.append(f"restored predictions differ (max |diff| {max_diff:.3g})")
+    if failures:
+        print("demo: FAILED: " + "; ".join(failures))
+        return 1
+    print(f"demo: PASSED (held-out AUC {auc:.4f} >= {args.min_auc}, restored predictions match)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
