@@ -369,6 +369,23 @@ class KerasWrapperMixin:
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
 
+    # Subclasses set these to their Keras' (de)serialization functions.
+    _serialize_inner = None
+    _deserialize_inner = None
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": self._serialize_inner(self.inner_optimizer),
+            "bp_v2": self.bp_v2,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = cls._deserialize_inner(config.pop("inner_optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)
+
 
 # ---------------------------------------------------------------------------------------
 # The public factory

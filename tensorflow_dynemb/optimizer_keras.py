@@ -89,17 +89,5 @@ class KerasDynamicEmbeddingOptimizer(
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(self._dense_only(var_list))
 
-    def get_config(self):
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-            "bp_v2": self.bp_v2,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        return cls(inner, **config)
+    _serialize_inner = staticmethod(keras.saving.serialize_keras_object)
+    _deserialize_inner = staticmethod(keras.saving.deserialize_keras_object)

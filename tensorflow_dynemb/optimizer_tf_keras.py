@@ -55,17 +55,5 @@ class TfKerasDynamicEmbeddingOptimizer(
         if isinstance(self.inner_optimizer, tf_keras.optimizers.Optimizer):
             self.inner_optimizer.finalize_variable_values(self._dense_only(var_list))
 
-    def get_config(self):
-        return {
-            "name": self.name,
-            "inner_optimizer": tf_keras.optimizers.serialize(self.inner_optimizer),
-            "bp_v2": self.bp_v2,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = tf_keras.optimizers.deserialize(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        return cls(inner, **config)
+    _serialize_inner = staticmethod(tf_keras.optimizers.serialize)
+    _deserialize_inner = staticmethod(tf_keras.optimizers.deserialize)
