@@ -5,13 +5,14 @@
 # TensorFlow and `pip install -e ".[test]"` on the first run, an incremental
 # rebuild later), then `python -m tensorflow_dynemb.demo "$@"`: a CTR model on
 # dynamic embeddings trained on a synthetic click log, evaluated, checkpointed
-# and restored. `bash scripts/demo.sh --help` lists the flags (--rows, --vocab,
+# and restored, then exported as SavedModels (with our ops, and static) that
+# fresh processes serve. `bash scripts/demo.sh --help` lists the flags (--rows, --vocab,
 # --features, --epochs, --batch-size, --dim, --workdir, --seed, --min-auc, ...).
 #
 # Environment: DYNEMB_VENV, DYNEMB_TF_VERSION, DYNEMB_PYTHON, DYNEMB_BUILD_JOBS,
 # as for scripts/test.sh.
-# Exits with the demo's status (non-zero when the held-out AUC is below --min-auc
-# or the restored model predicts differently).
+# Exits with the demo's status (non-zero when the held-out AUC is below --min-auc,
+# or the restored model or a SavedModel predicts differently).
 set -euo pipefail
 
 CALLER_DIR="$PWD"

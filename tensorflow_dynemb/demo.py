@@ -21,16 +21,25 @@ What it does:
 3. Reports the AUC on held-out rows (which contain ids never seen in training).
 4. Saves a `tf.train.Checkpoint`, restores it into a freshly built model and
    checks that the restored model predicts exactly what the trained one did.
+5. Exports the trained model as two SavedModels and serves one held-out row from
+   each in a fresh process (docs/serving.md): `model.export` keeps the tables with
+   our ops (the serving process runs `import tensorflow_dynemb` first), and
+   `de.export_static_saved_model` freezes them into stock TensorFlow ops (the serving
+   process never imports tensorflow_dynemb). Both must predict what the trained
+   model does for that row.
 
-Exits with status 1 when the held-out AUC is below `--min-auc` or the restored
-predictions differ, so it doubles as a smoke test.
+Exits with status 1 when the held-out AUC is below `--min-auc`, the restored
+predictions differ, or a SavedModel serves another prediction, so it doubles as a
+smoke test.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -272,6 +281,96 @@ def save_and_restore(model: keras.Model, specs, args, workdir: str) -> Tuple[str
     return path, fresh
 
 
+# ----------------------------------------------------------------------------
+# SavedModels, served in fresh processes
+# ----------------------------------------------------------------------------
+
+# How long a serving process may take (it mostly imports TensorFlow).
+SERVE_TIMEOUT_S = 300
+
+# The program of a fresh `python -c` process: loads the SavedModel argv[1], serves
+# the row argv[3] (JSON: ids by feature) through its "serving_default" signature and
+# prints the prediction. argv[2] "ops" imports tensorflow_dynemb first (it registers
+# the ops the tables use); "static" never does, and checks that.
+_SERVE_PROGRAM = """
+import json, sys
+import tensorflow as tf
+path, form, row = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+if form == "ops":
+    import tensorflow_dynemb
+loaded = tf.saved_model.load(path)  # kept: its functions read the variables it holds
+inputs = {name: tf.constant([ids], tf.int64) for name, ids in row.items()}
+(output,) = loaded.signatures["serving_default"](**inputs).values()
+if form == "static" and "tensorflow_dynemb" in sys.modules:
+    sys.exit("the static SavedModel's process imported tensorflow_dynemb")
+print(float(output.numpy().ravel()[0]))
+"""
+
+
+def row_with_unseen_ids(train: Dict[str, np.ndarray], test: Dict[str, np.ndarray]
+                        ) -> Tuple[int, int]:
+    """The first held-out row with an id training never saw (row 0 if none), and how
+    many of its ids are unseen: the SavedModels must give such an id the row its
+    initializer draws, as the trained model does (the static one recomputes it with
+    stock ops)."""
+    unseen = sum((~np.isin(ids, train[name])).astype(np.int64) for name, ids in test.items())
+    index = int(np.argmax(unseen > 0))
+    return index, int(unseen[index])
+
+
+def export_saved_models(model: keras.Model, workdir: str) -> Dict[str, str]:
+    """Exports `model` both ways; returns the directories by form ("ops", "static")."""
+    exports = {
+        "ops": os.path.join(workdir, "saved_model"),
+        "static": os.path.join(workdir, "saved_model_static"),
+    }
+    if keras.Model.__module__.startswith("tf_keras"):
+        # tf_keras' `model.export` cannot track the tables: save the model itself.
+        tf.saved_model.save(model, exports["ops"])
+    else:  # Keras 3: the SavedModel serves `model(inputs)` as "serve" / "serving_default"
+        model.export(exports["ops"], verbose=False)
+    de.export_static_saved_model(model, exports["static"])
+    return exports
+
+
+def serve_in_fresh_processes(exports: Dict[str, str], row: Dict[str, int]
+                             ) -> Dict[str, Tuple[Optional[float], str]]:
+    """Serves `row` from each SavedModel of `exports` in a new Python process (all at
+    once: each spends most of its time importing TensorFlow).
+
+    Returns:
+      `{form: (prediction, "")}`, or `(None, error)` where the process failed.
+    """
+    # The package's directory, so that the "ops" process imports this very package
+    # (also when it is not installed); the "static" process is not given it.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(de.__file__)))
+    processes = {}
+    for form, path in exports.items():
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if form == "ops":
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (package_root, env.get("PYTHONPATH")) if p)
+        processes[form] = subprocess.Popen(
+            [sys.executable, "-c", _SERVE_PROGRAM, path, form, json.dumps(row)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    served = {}
+    for form, process in processes.items():
+        try:
+            stdout, stderr = process.communicate(timeout=SERVE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            served[form] = (None, f"no prediction within {SERVE_TIMEOUT_S} s")
+            continue
+        lines = stdout.strip().splitlines()
+        if process.returncode != 0 or not lines:
+            served[form] = (None, (stderr.strip().splitlines() or ["no output"])[-1])
+        else:
+            served[form] = (float(lines[-1]), "")
+    return served
+
+
 def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
@@ -284,7 +383,8 @@ def _dir_bytes(path: str) -> int:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m tensorflow_dynemb.demo",
-        description="Train, evaluate, checkpoint and restore a CTR model on dynamic embeddings.",
+        description="Train, evaluate, checkpoint and restore a CTR model on dynamic "
+                    "embeddings, then export it as SavedModels and serve them.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the click log")
@@ -301,7 +401,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=0.002, help="Adam's learning rate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of the rows held out for evaluation")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of the model")
-    p.add_argument("--workdir", default=None, help="where the checkpoint goes (default: a new temporary directory)")
+    p.add_argument("--workdir", default=None, help="where the checkpoint and the SavedModels go (default: a new temporary directory)")
     p.add_argument("--min-auc", type=float, default=0.7, help="exit with status 1 below this held-out AUC")
     p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                    help="model.fit verbosity: 1 progress bar, 2 one line per epoch, 0 silent")
@@ -353,6 +453,15 @@ def main(argv=None) -> int:
     ckpt_path, restored = save_and_restore(model, specs, args, workdir)
     restored_predictions = restored.predict(test_ds, verbose=0).ravel()
     max_diff = float(np.max(np.abs(restored_predictions - predictions)))
+
+    print("==> SavedModels: export with our ops and static, serve a held-out row in fresh processes")
+    export_start = time.perf_counter()
+    index, unseen = row_with_unseen_ids(train, test)
+    row = {name: int(ids[index]) for name, ids in test.items()}
+    live = float(predictions[index])
+    exports = export_saved_models(model, workdir)
+    served = serve_in_fresh_processes(exports, row)
+    export_s = time.perf_counter() - export_start
     total_s = time.perf_counter() - start
 
     # Summary.
@@ -368,7 +477,17 @@ def main(argv=None) -> int:
     print(f"held-out AUC  {auc:.4f}  (true click probabilities reach {roc_auc(test_labels, probabilities[n_train:]):.4f})")
     print(f"checkpoint    {ckpt_path} ({_dir_bytes(os.path.dirname(ckpt_path)) / 2**20:.1f} MiB); "
           f"restored model's predictions: max |diff| {max_diff:.2g}")
-    print(f"time          {total_s:.1f} s (data {data_s:.1f} s, fit {train_s:.1f} s)")
+    print(f"saved models  held-out row {index} ({unseen} of its {len(row)} ids unseen in "
+          f"training): trained model predicts {live:.6f}")
+    titles = {"ops": "with our ops", "static": "static (stock TF)"}
+    for form, path in exports.items():
+        prediction, error = served[form]
+        outcome = error if prediction is None else (
+            f"{prediction:.6f} (|diff| {abs(prediction - live):.2g})")
+        print(f"  {titles[form]:<17} {path} ({_dir_bytes(path) / 2**20:.1f} MiB); "
+              f"served in a fresh process: {outcome}")
+    print(f"time          {total_s:.1f} s (data {data_s:.1f} s, fit {train_s:.1f} s, "
+          f"export and serve {export_s:.1f} s)")
 
     failures = []
     if not auc >= args.min_auc:
@@ -377,10 +496,19 @@ def main(argv=None) -> int:
     # bit-identical; the tolerance only forgives nondeterministic float sums.
     if not max_diff <= 1e-6:
         failures.append(f"restored predictions differ (max |diff| {max_diff:.3g})")
+    # One row served alone, not in a batch of --batch-size: the kernels may sum in
+    # another order, hence a looser tolerance.
+    for form, (prediction, error) in served.items():
+        if prediction is None:
+            failures.append(f"serving the {titles[form]} SavedModel failed: {error}")
+        elif not abs(prediction - live) <= 1e-5:
+            failures.append(f"the {titles[form]} SavedModel serves {prediction:.6f}, "
+                            f"the trained model predicts {live:.6f}")
     if failures:
         print("demo: FAILED: " + "; ".join(failures))
         return 1
-    print(f"demo: PASSED (held-out AUC {auc:.4f} >= {args.min_auc}, restored predictions match)")
+    print(f"demo: PASSED (held-out AUC {auc:.4f} >= {args.min_auc}, restored predictions match, "
+          "both SavedModels serve the trained model's prediction)")
     return 0
 
 

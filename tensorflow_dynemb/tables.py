@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import enum
 import os
+import weakref
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
@@ -555,6 +556,26 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
             )
 
     # -- checkpointing (public Trackable hooks) --------------------------------------------
+
+    def _set_owner(self, variable: Optional[Any]) -> None:
+        """Records the `de.Variable` this table is a shard of, which SavedModels that
+        reach the table must also hold (see `_trackable_children`); None: no such
+        variable (a standalone table, or an optimizer slot's shard)."""
+        self._owner = weakref.ref(variable) if variable is not None else None
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # A shard table saves no content: its de.Variable does (`checkpoint=False`
+        # here). An export whose root reaches the shard table without the variable
+        # must still hold the variable, or it serves an empty table: Keras 3's
+        # `model.export` saves only the model's tf.Variables and the
+        # TrackableResources under the model, not the modules between them. So in a
+        # SavedModel the table lists its variable as a child.
+        children = super()._trackable_children(save_type, **kwargs)
+        owner_ref = getattr(self, "_owner", None)
+        owner = owner_ref() if owner_ref is not None else None
+        if save_type == "savedmodel" and owner is not None:
+            children["_variable"] = owner
+        return children
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:

@@ -198,6 +198,8 @@ class Variable(tf.Module):
                     )
                 )
         self._tables = tables
+        for table in tables:
+            table._set_owner(self)
         # Trainable views by lookup name (see trainable.py); not part of checkpoints.
         self._trainables: Dict[str, TrainableRows] = {}
         # Optimizer slots of this variable (they must lose the keys it loses); a plain
@@ -479,6 +481,12 @@ class Variable(tf.Module):
 
     def _register_slot(self, slot: "Variable") -> None:
         self._slots.variables.append(slot)
+        # A slot is training state: an export for serving that reaches its shard tables
+        # (Keras 3's `model.export` collects every table under the model, the
+        # optimizer's included) must not pull in its content. Checkpoints and
+        # `tf.saved_model.save` of an object that holds the optimizer still save it.
+        for table in slot._tables:
+            table._set_owner(None)
 
     def clear(self, name: Optional[str] = None):
         """Removes every key from every shard.

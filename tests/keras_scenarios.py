@@ -312,20 +312,45 @@ def save_for_fresh_process(workdir):
     return {"predict": model.predict(IDS, verbose=0).tolist()}
 
 
+# Ids a served SavedModel is asked for: those of IDS, which training put in the table,
+# and ids it never saw (12345, -2**50, 99), which read the initializer's per-id rows.
+SERVE_IDS = np.concatenate([IDS, np.array([[3, 12345], [-(2**50), 99]], np.int64)])
+
+
+def saved_model_dir(workdir: str, form: str) -> str:
+    """Where the `saved_model` scenario writes the SavedModel `form` of this Keras."""
+    return os.path.join(workdir, f"{flavor()}-savedmodels", form)
+
+
+def saved_tables(path: str) -> int:
+    """How many de.Variable / table contents the SavedModel at `path` holds (each saves
+    one `-keys` tensor)."""
+    checkpoint = os.path.join(path, "variables", "variables")
+    names = [name for name, _ in tf.train.list_variables(checkpoint)]
+    return sum(name.endswith("/.ATTRIBUTES/-keys") for name in names)
+
+
 @scenario
 def saved_model(workdir):
-    """A trained model exports to a SavedModel (tf_keras: `model.save(dir)`; Keras 3:
-    `tf.saved_model.save`) whose serving signature reads the table."""
+    """A trained 2-shard model exports to SavedModels with our ops, which
+    `keras_worker.py serve` serves in a fresh process: Keras 3 `model.export` (Keras'
+    ExportArchive) and `tf.saved_model.save`; tf_keras `model.save(dir,
+    save_format="tf")` and `tf.saved_model.save`. Returns the live predictions of
+    SERVE_IDS and how many tables each export holds."""
     model = saving_model("int64", SHARDS[2])
     fit_losses(model, IDS, LABELS, epochs=1)
-    path = os.path.join(workdir, f"{flavor()}-savedmodel")
+    exports = {"tf_saved_model": lambda path: tf.saved_model.save(model, path)}
     if IS_KERAS3:
-        tf.saved_model.save(model, path)
+        exports["export"] = lambda path: model.export(path, verbose=False)
     else:
-        model.save(path, save_format="tf")
-    serve = tf.saved_model.load(path).signatures["serving_default"]
-    (served,) = serve(tf.constant(IDS)).values()
-    return {"predict": model.predict(IDS, verbose=0).tolist(), "served": served.numpy().tolist()}
+        exports["save_format_tf"] = lambda path: model.save(path, save_format="tf")
+    tables = {}
+    for form, export in exports.items():
+        path = saved_model_dir(workdir, form)
+        export(path)
+        tables[form] = saved_tables(path)
+    np.save(os.path.join(workdir, "serve_ids.npy"), SERVE_IDS)
+    return {"predict": model.predict(SERVE_IDS, verbose=0).tolist(), "tables": tables}
 
 
 # ----------------------------------------------------------------------------------------

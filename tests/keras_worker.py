@@ -7,6 +7,10 @@ test_keras_layers.py.
     python tests/keras_worker.py load WORKDIR
         `load_model` of the model the `save_for_fresh_process` scenario saved, in a
         process that imports nothing but tensorflow_dynemb: no custom_objects.
+    python tests/keras_worker.py serve WORKDIR
+        `tf.saved_model.load` of each SavedModel the `saved_model` scenario exported,
+        after `import tensorflow_dynemb` (the ops) and nothing else of the package: the
+        outputs of its "serving_default" signature (and of Keras 3's `serve` endpoint).
 
 Prints one JSON object on the last line of stdout; a scenario that raises records
 {"error": traceback}.
@@ -41,6 +45,22 @@ def load(workdir):
     }
 
 
+def serve(workdir):
+    import tensorflow_dynemb  # noqa: F401  (registers the ops the SavedModels use)
+
+    flavor = "keras3" if tf.keras.layers.Layer.__module__.startswith("keras") else "tf_keras"
+    root = os.path.join(workdir, f"{flavor}-savedmodels")
+    ids = tf.constant(np.load(os.path.join(workdir, "serve_ids.npy")))
+    served = {}
+    for form in sorted(os.listdir(root)):
+        loaded = tf.saved_model.load(os.path.join(root, form))
+        (output,) = loaded.signatures["serving_default"](ids).values()
+        served[form] = {"serving_default": output.numpy().tolist()}
+        if hasattr(loaded, "serve"):  # Keras 3 `model.export`'s endpoint
+            served[form]["serve"] = loaded.serve(ids).numpy().tolist()
+    return served
+
+
 def run_scenarios(workdir):
     import keras_scenarios
 
@@ -48,7 +68,11 @@ def run_scenarios(workdir):
 
 
 def main(argv):
-    modes = {"scenarios": run_scenarios, "load": lambda workdir: guarded(load, workdir)}
+    modes = {
+        "scenarios": run_scenarios,
+        "load": lambda workdir: guarded(load, workdir),
+        "serve": lambda workdir: guarded(serve, workdir),
+    }
     mode, workdir = argv[1], argv[2]
     if mode not in modes:
         raise SystemExit(f"unknown mode {mode!r}")

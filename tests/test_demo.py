@@ -65,7 +65,8 @@ def test_labels_are_learnable():
 
 
 def test_demo_end_to_end(tmp_path):
-    """Generate, train, evaluate, checkpoint, restore and predict, at a tiny size."""
+    """Generate, train, evaluate, checkpoint, restore and predict, export both
+    SavedModels and serve them in fresh processes, at a tiny size."""
     cmd = [
         sys.executable, "-m", "tensorflow_dynemb.demo",
         "--rows", "20000", "--vocab", "10000", "--epochs", "1",
@@ -76,7 +77,20 @@ def test_demo_end_to_end(tmp_path):
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert re.search(r"^demo: PASSED \(held-out AUC 0\.\d+ >= 0\.6, restored predictions match\)$",
+    assert re.search(r"^demo: PASSED \(held-out AUC 0\.\d+ >= 0\.6, restored predictions match, "
+                     r"both SavedModels serve the trained model's prediction\)$",
                      result.stdout, re.MULTILINE), output
     assert re.search(r"^held-out AUC\s+0\.\d+", result.stdout, re.MULTILINE), output
     assert os.path.exists(os.path.join(tmp_path, "ckpt", "ctr_model.index")), output
+    # One prediction served from each SavedModel, equal to the trained model's.
+    live = re.search(r"^saved models .*: trained model predicts (0\.\d+)$", result.stdout,
+                     re.MULTILINE)
+    assert live, output
+    for title, directory in (("with our ops", "saved_model"),
+                             ("static (stock TF)", "saved_model_static")):
+        served = re.search(
+            rf"^  {re.escape(title)} +\S+ \(.*\); served in a fresh process: (0\.\d+) ",
+            result.stdout, re.MULTILINE)
+        assert served, output
+        assert abs(float(served.group(1)) - float(live.group(1))) <= 1e-5, output
+        assert os.path.exists(os.path.join(tmp_path, directory, "saved_model.pb")), output

@@ -12,6 +12,8 @@ checks both results the same way:
 - `model.save` / `load_model` (also in a fresh process, without custom_objects),
   `save_weights` / `load_weights` and `tf.train.Checkpoint` bring back the table and the
   optimizer's slots: same predictions, then the same losses as an uninterrupted run;
+- SavedModels (Keras 3 `model.export`, tf_keras `model.save(dir, save_format="tf")`,
+  `tf.saved_model.save`) serve the trained table in a fresh process;
 - `get_config` / `from_config` round trips; XLA is not used; argument errors.
 """
 
@@ -164,9 +166,23 @@ def test_checkpoint_restores_into_other_shards_and_trains_on(flavor):
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_saved_model_serves_the_table(flavor):
+def test_saved_models_serve_the_trained_table_in_a_fresh_process(flavor):
+    # Keras 3: `model.export` and `tf.saved_model.save`; tf_keras: `model.save(dir,
+    # save_format="tf")` and `tf.saved_model.save`. Ids seen in training and unseen.
     got = result("saved_model", flavor)
-    close(got["served"], got["predict"], rtol=1e-6)
+    served = run_worker("serve", legacy_keras=flavor == "tf_keras")
+    if "error" in served:
+        raise AssertionError(served["error"])
+    forms = ["export", "tf_saved_model"] if flavor == "keras3" else [
+        "save_format_tf", "tf_saved_model"]
+    assert sorted(served) == sorted(got["tables"]) == forms
+    for form, outputs in served.items():
+        for endpoint, output in outputs.items():
+            close(output, got["predict"], rtol=0, atol=1e-6, err_msg=f"{form} {endpoint}")
+    if flavor == "keras3":
+        assert "serve" in served["export"]
+        # `model.export` holds the embedding's content, not the optimizer's slots.
+        assert got["tables"]["export"] == 1
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

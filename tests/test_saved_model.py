@@ -300,6 +300,23 @@ def test_save_leaves_the_variable_tracking_its_own_tables(exported):
     assert list(children["_tables"]) == exported["shard_tables"]
 
 
+def test_a_saved_model_that_reaches_only_the_shard_tables_holds_the_variable(tmp_path):
+    # What Keras 3's `model.export` saves: the tables found under the model, not the
+    # de.Variable between them. The tables bring their variable (and its content).
+    variable = de.Variable(tf.int64, tf.float32, dim=2, devices=CPUS[:2], name="reached")
+    variable.upsert([1, 2, 3], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    root = tf.Module()
+    root.tables = list(variable.tables)
+    root.serve = tf.function(
+        lambda ids: variable.lookup(ids), input_signature=[tf.TensorSpec([None], tf.int64)]
+    )
+    tf.saved_model.save(root, str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    np.testing.assert_array_equal(
+        loaded.serve(tf.constant([3, 1], tf.int64)), [[3.0, 3.0], [1.0, 1.0]]
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # Static export
 # ---------------------------------------------------------------------------------------
@@ -483,3 +500,31 @@ def test_static_export_of_a_keras_model(tmp_path):
     assert not any(op.startswith("Dynemb") for op in _saved_model_ops(str(tmp_path)))
     serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
     np.testing.assert_allclose(serve(ids=tf.constant(batch))["output_0"], live, rtol=0, atol=1e-6)
+
+
+def test_static_export_of_the_demo_model_serves_without_our_ops(tmp_path):
+    # The README demo's model: a functional Keras model over dict inputs of int64 ids,
+    # one de.keras.layers.Embedding per feature, trained with model.fit.
+    from tensorflow_dynemb import demo
+
+    specs = demo.feature_specs(3, 2_000)
+    features, labels, _ = demo.generate_clicks(2_000, specs, seed=1)
+    train = {k: v[:1_800] for k, v in features.items()}
+    held_out = {k: v[1_800:] for k, v in features.items()}
+    assert any(not np.isin(ids, train[k]).all() for k, ids in held_out.items())
+    model = demo.build_model(specs, dim=4, seed=1)
+    model.compile(optimizer=demo.make_optimizer(0.01), loss="binary_crossentropy",
+                  jit_compile=False)
+    model.fit(demo.make_dataset(train, labels[:1_800], 256), verbose=0)
+    live = model.predict(held_out, verbose=0)
+
+    frozen = de.export_static_saved_model(model, str(tmp_path / "static"))
+    assert sorted(frozen) == sorted(f"{s.name}_embedding-parameter" for s in specs)
+    inputs = str(tmp_path / "inputs.npz")
+    np.savez(inputs, **{f"serving_default/{k}": v for k, v in held_out.items()})
+    outputs = str(tmp_path / "outputs.npz")
+    served, summary = _finish_worker(
+        _start_worker("static", str(tmp_path / "static"), inputs, outputs), outputs
+    )
+    assert not summary["dynemb_imported"] and not summary["dynemb_ops_registered"]
+    np.testing.assert_allclose(served["serving_default/output_0"], live, rtol=0, atol=1e-6)
