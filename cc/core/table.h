@@ -43,8 +43,20 @@
 //   One reader-writer lock per shard. Find takes shared locks (readers never
 //   block readers); Insert/Accum/Remove take exclusive locks. A batch is first
 //   hashed and bucketed by shard (a stable counting sort, which keeps each
-//   key's rows in batch order), then shards are processed in parallel with one
-//   lock acquisition per shard per batch, prefetching slots ahead of use.
+//   key's rows in batch order; large batches hash, count and scatter in
+//   parallel blocks), then shards are processed in parallel with one lock
+//   acquisition per shard per batch.
+//
+// Batch pipeline (PipelinedLoop)
+//   A lookup costs two dependent cache misses (slot, then row), so each
+//   shard's keys go through a software pipeline: the slot is prefetched 32
+//   keys ahead, the candidate row (first slot whose hash bits match) and the
+//   key's output row 16 keys ahead, and the key is verified and copied last.
+//   Every line of a row is prefetched (a 48-byte row straddles two lines half
+//   the time; a dim-64 row spans five). Value rows of common sizes are copied
+//   with constant-size copies. See docs/benchmarks.md "Performance work" for
+//   what each step measured, and why a lookup stays below tf.gather at dim 64
+//   (six lines read per key against four).
 //   Score updates made by Find (LRU strategies) are relaxed atomic stores.
 //   A writer holds one shard's lock, plus, while evicting, at most two more
 //   (the best victim's shard and the one it is looking at). It blocks only on
