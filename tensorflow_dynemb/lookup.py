@@ -139,6 +139,11 @@ def _unique_rows(
     params: Variable, flat_ids: tf.Tensor, max_norm: Any, return_trainable: bool, name: str
 ) -> Tuple[tf.Tensor, Any]:
     """`[n, dim]` rows of the 1-D `flat_ids`, each distinct id looked up once."""
+    if return_trainable or _may_train(params):
+        # The trainable view looks each distinct id up once itself, and keeps one
+        # gradient entry per occurrence (admission counts occurrences).
+        rows, trainable = _lookup_rows(params, flat_ids, return_trainable, name)
+        return _clip(rows, max_norm), trainable
     unique_ids, index = tf.unique(flat_ids)
     rows, trainable = _lookup_rows(params, unique_ids, return_trainable, name)
     return tf.gather(_clip(rows, max_norm), index), trainable

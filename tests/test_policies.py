@@ -216,3 +216,20 @@ def test_training_status_and_restrict_in_a_tf1_graph():
         assert sorted(keys.tolist()) == [1, 2]
         slot_keys = [sorted(sess.run(s.export())[0].tolist()) for s in var.slot_variables]
         assert slot_keys == [[1, 2]]
+
+
+def test_keras_layer_admits_ids_under_fit():
+    ids = tf.keras.Input(shape=(None,), dtype="int64")
+    layer = de.keras.layers.Embedding(
+        2, name="admitted", initializer=0.5, admit_policy=de.FrequencyAdmitPolicy(2)
+    )
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(layer(ids))
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(pooled))
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.array([[1, 2, 2]], np.int64), np.ones([1, 1]), verbose=0)  # 2 seen twice
+    assert sorted(content(layer.params)) == [2]
+    model.fit(np.array([[1, 3]], np.int64), np.ones([1, 1]), verbose=0)  # 1 seen twice now
+    assert sorted(content(layer.params)) == [1, 2]
+    # Id 3, seen once, still reads the initializer and has no optimizer slot rows.
+    np.testing.assert_allclose(layer.params.lookup(tf.constant([3], tf.int64)), [[0.5, 0.5]])
+    assert all(3 not in content(slot) for slot in layer.params.slot_variables)
