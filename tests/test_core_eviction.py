@@ -1,9 +1,9 @@
 """Eviction of bounded core tables (max_capacity > 0), through the TF-free binding.
 
 What a full table evicts per strategy, the quality of eviction over many shards (the
-entries kept are the highest-ranked ones, table-wide), that insert_and_evict reports
-exactly what left the table, the size bound under concurrent writers, accum into a full
-table, growth up to max_capacity, and the counters. The design is described in
+entries kept are the highest-ranked ones, table-wide), that insert_and_evict and
+accum_and_evict report exactly what left the table, the size bound under concurrent
+writers, accum into a full table, growth up to max_capacity, and the counters. The design is described in
 cc/core/table.h ("Bounded tables").
 """
 
@@ -310,6 +310,40 @@ def test_insert_and_evict_reports_what_disappeared(core, strategy):
             t.find(np.array(list(after)[: len(after) // 3], np.int64))
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_accum_and_evict_reports_what_disappeared(core, strategy):
+    """accum into a full table, mixing present keys (accumulated or left alone) and
+    absent ones (inserted or ignored): what it reports is exactly what left."""
+    rng = np.random.default_rng(sum(map(ord, strategy)) + 1)
+    t = core.Table("int64", "float32", 2, max_capacity=3000, strategy=strategy,
+                   step_per_epoch=2)
+    fresh = iter(distinct_keys(rng, 40000))
+    for step in range(12):
+        before = entries(t)
+        n_new = int(rng.integers(1, 1500))
+        new = np.array([next(fresh) for _ in range(n_new)], np.int64)
+        present = np.array(list(before), np.int64)
+        present = rng.permutation(present)[: int(rng.integers(0, 300))] if len(present) else present
+        keys = np.concatenate([new, present])
+        exists = np.concatenate([rng.random(n_new) < 0.2, rng.random(len(present)) < 0.5])
+        deltas = rows(keys) + 0.5
+        ev = evicted_dict(t.accum_and_evict(keys, deltas, exists))
+        after = entries(t)
+        inserted = set(new[~exists[:n_new]].tolist())
+        accumulated = set(present[exists[n_new:]].tolist())
+        assert set(ev) == (set(before) | inserted) - set(after), step
+        assert t.size() == len(after) == min(3000, len(before) + len(inserted))
+        for k, (row, score) in ev.items():
+            if k in accumulated:  # updated by this batch, then evicted by its new keys
+                assert row == tuple((np.array(before[k][0], np.float32) + rows([k])[0] + 0.5).tolist())
+            elif k in before:
+                assert (row, score) == before[k]
+            else:  # turned away: the delta it would have been inserted with
+                assert k in inserted and row == tuple((rows([k])[0] + 0.5).tolist())
+        # Absent keys with exists=True and present keys with exists=False are untouched.
+        assert not set(new[exists[:n_new]].tolist()) & set(after)
+
+
 def test_batch_with_present_keys_and_duplicates(core):
     """A batch mixing present keys, new keys and duplicates into a full table: present
     keys it writes are not evicted by its own new keys (they are rescored first), rows
@@ -389,7 +423,7 @@ def test_counters(core):
 
 def test_size_bound_with_concurrent_writers(core):
     """8 Python threads (the binding releases the GIL) insert, insert_and_evict,
-    accum and remove on one bounded table, each with a 2-thread runner, while another
+    accum, accum_and_evict and remove on one bounded table, each with a 2-thread runner, while another
     thread polls size(): it never exceeds max_capacity, and the process survives."""
     for max_capacity in (64, 5000):
         t = core.Table("int64", "float32", 4, max_capacity=max_capacity, strategy="lru",
@@ -414,6 +448,10 @@ def test_size_bound_with_concurrent_writers(core):
                         assert len(ev_keys) <= n and ev_values.shape == (len(ev_keys), 4)
                     elif op == 1:
                         t.insert(keys, vals)
+                    elif op == 2 and it % 8 == 2:
+                        ev_keys, ev_values, ev_scores = t.accum_and_evict(keys, vals,
+                                                                          r.random(n) < 0.5)
+                        assert len(ev_keys) <= n and ev_values.shape == (len(ev_keys), 4)
                     elif op == 2:
                         t.accum(keys, vals, r.random(n) < 0.5)
                     else:

@@ -434,7 +434,7 @@ class BufferExportSink : public ExportSink {
     if (i >= 0 && i < n_) strings_[static_cast<size_t>(i)].assign(key.data(), key.size());
   }
 
-  // Buffers of n rows for InsertAndEvict; Shrink(count) afterwards.
+  // Buffers of n rows for InsertAndEvict / AccumAndEvict; Shrink(count) afterwards.
   EvictedEntries AllocateEvicted(int64_t n) {
     EvictedEntries out;
     Allocate(n, &out.keys, &out.values, &out.scores);
@@ -665,17 +665,15 @@ class PyTable {
 
   void Accum(const py::handle& keys_obj, const py::handle& deltas_obj,
              const py::handle& exists_obj) {
-    KeyBatch keys = ToKeyBatch(options(), keys_obj);
-    py::array deltas = ToValueArray(options(), deltas_obj, "deltas");
-    CheckRowsShape(deltas, keys, options().dim, "deltas");
-    py::array exists = ToExists(exists_obj, keys);
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = table_->Accum(keys.data(), keys.n, deltas.data(),
-                             static_cast<const bool*>(exists.data()), *runner_);
-    }
-    ThrowIfError(status);
+    RunAccum(keys_obj, deltas_obj, exists_obj, nullptr);
+  }
+
+  // Returns the evicted (keys [m], values [m, dim], scores uint64 [m]).
+  py::tuple AccumAndEvict(const py::handle& keys_obj, const py::handle& deltas_obj,
+                          const py::handle& exists_obj) {
+    BufferExportSink sink(options());
+    RunAccum(keys_obj, deltas_obj, exists_obj, &sink);
+    return sink.Result();
   }
 
   void Remove(const py::handle& keys_obj) {
@@ -792,6 +790,31 @@ class PyTable {
     ThrowIfError(status);
   }
 
+  // Converts accum's arguments and runs the core accum; with `evicted`, the
+  // entries the batch evicted are written into it.
+  void RunAccum(const py::handle& keys_obj, const py::handle& deltas_obj,
+                const py::handle& exists_obj, BufferExportSink* evicted) {
+    KeyBatch keys = ToKeyBatch(options(), keys_obj);
+    py::array deltas = ToValueArray(options(), deltas_obj, "deltas");
+    CheckRowsShape(deltas, keys, options().dim, "deltas");
+    py::array exists = ToExists(exists_obj, keys);
+    const bool* exists_ptr = static_cast<const bool*>(exists.data());
+    Status status;
+    {
+      py::gil_scoped_release release;
+      if (evicted == nullptr) {
+        status = table_->Accum(keys.data(), keys.n, deltas.data(), exists_ptr, *runner_);
+      } else {
+        // A batch of n rows evicts at most n entries.
+        EvictedEntries out = evicted->AllocateEvicted(keys.n);
+        status = table_->AccumAndEvict(keys.data(), keys.n, deltas.data(), exists_ptr, &out,
+                                       *runner_);
+        evicted->Shrink(out.count);
+      }
+    }
+    ThrowIfError(status);
+  }
+
  public:
 
   std::string ReprString() const {
@@ -865,6 +888,12 @@ Every method releases the GIL while the core runs; the table is thread-safe.
       .def("accum", &PyTable::Accum, py::arg("keys"), py::arg("deltas"), py::arg("exists"),
            "Per row: exists and present -> value += delta; not exists and absent -> "
            "insert delta; otherwise nothing.")
+      .def("accum_and_evict", &PyTable::AccumAndEvict, py::arg("keys"), py::arg("deltas"),
+           py::arg("exists"),
+           "accum, returning what it evicted to stay within max_capacity, as "
+           "insert_and_evict does: (keys [m], values [m, dim], scores uint64 [m]), "
+           "m <= len(keys), in unspecified order; a new key turned away is reported "
+           "with its delta.")
       .def("remove", &PyTable::Remove, py::arg("keys"), "Removes keys; absent keys are ignored.")
       .def("clear", &PyTable::Clear, "Removes every key.")
       .def("size", &PyTable::Size)
@@ -873,7 +902,8 @@ Every method releases the GIL while the core runs; the table is thread-safe.
       .def("memory_bytes", &PyTable::MemoryBytes)
       .def("counters", &PyTable::Counters,
            "Monotonic counters: inserts, updates, lookups, misses, removes, evictions "
-           "(entries insert_and_evict reports, also when insert or accum evicted them).")
+           "(entries insert_and_evict and accum_and_evict report, also when insert or accum "
+           "evicted them).")
       .def("export", &PyTable::Export,
            "Returns (keys [n], values [n, dim], scores uint64 [n]) in unspecified order; "
            "string keys are a NumPy object array of bytes.")

@@ -126,7 +126,8 @@
 //   keys it updates unless those still rank lowest. Under LRU a batch's keys carry the newest clock value,
 //   so they are the last candidates, evicted only if the batch alone exceeds
 //   max_capacity. Each row that needs room evicts or is turned away once, so
-//   a batch of n rows evicts at most n entries (InsertAndEvict reports them).
+//   a batch of n rows evicts at most n entries (InsertAndEvict and
+//   AccumAndEvict report them).
 //   Evicted rows return to their shard's row free list and the budget stays
 //   put, so memory stays bounded.
 //
@@ -315,11 +316,11 @@ class ByteSource {
   virtual std::string Name() const { return std::string(); }
 };
 
-// Where Table::InsertAndEvict reports the entries a batch evicted. A batch
-// of n rows evicts at most n entries (every row that needs room evicts one
-// entry, or is itself turned away), so the caller provides buffers of n rows;
-// the table fills rows [0, count) in unspecified order. Plain pointers, so a
-// GPU table can take device buffers.
+// Where Table::InsertAndEvict and Table::AccumAndEvict report the entries a
+// batch evicted. A batch of n rows evicts at most n entries (every row that
+// needs room evicts one entry, or is itself turned away), so the caller
+// provides buffers of n rows; the table fills rows [0, count) in unspecified
+// order. Plain pointers, so a GPU table can take device buffers.
 struct EvictedEntries {
   void* keys = nullptr;        // int32/int64 tables: [n] keys (nullable); unused for strings
   void* values = nullptr;      // [n, dim] (nullable: values are not reported)
@@ -339,7 +340,7 @@ struct TableCounters {
   uint64_t removes = 0;    // keys removed
   // Entries evicted to stay within max_capacity, plus new keys turned away
   // because their score was below every stored score: what InsertAndEvict
-  // reports.
+  // and AccumAndEvict report.
   uint64_t evictions = 0;
 };
 
@@ -387,9 +388,19 @@ class Table {
   // Per row i: exists[i] and key present -> value += deltas[i];
   // !exists[i] and key absent -> insert deltas[i]; otherwise nothing.
   // Addition is elementwise in the value type (bool: logical or). A row that
-  // inserts into a full bounded table evicts as InsertAndEvict does.
-  virtual Status Accum(const void* keys, int64_t n, const void* deltas,
-                       const bool* exists, const Runner& runner) = 0;
+  // inserts into a full bounded table evicts as InsertAndEvict does, and
+  // `evicted` (nullable) receives what the batch evicted in the same way: the
+  // stored entries evicted and the new keys turned away (with the delta they
+  // would have been inserted with).
+  virtual Status AccumAndEvict(const void* keys, int64_t n, const void* deltas,
+                               const bool* exists, EvictedEntries* evicted,
+                               const Runner& runner) = 0;
+
+  // AccumAndEvict without reporting the evicted entries.
+  Status Accum(const void* keys, int64_t n, const void* deltas, const bool* exists,
+               const Runner& runner) {
+    return AccumAndEvict(keys, n, deltas, exists, nullptr, runner);
+  }
 
   // Removes the keys; absent keys are ignored.
   virtual Status Remove(const void* keys, int64_t n, const Runner& runner) = 0;

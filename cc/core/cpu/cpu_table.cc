@@ -388,8 +388,9 @@ class CpuTable final : public Table {
     return result;
   }
 
-  Status Accum(const void* keys, int64_t n, const void* deltas, const bool* exists,
-               const Runner& runner) override {
+  Status AccumAndEvict(const void* keys, int64_t n, const void* deltas, const bool* exists,
+                       EvictedEntries* evicted, const Runner& runner) override {
+    if (evicted != nullptr) evicted->count = 0;
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, deltas, "deltas"));
     if (exists == nullptr) return InvalidArgument("Accum: exists must not be null");
@@ -399,9 +400,10 @@ class CpuTable final : public Table {
     ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/false);
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(deltas);
-    EvictedWriter out(nullptr, value_bytes_);
-    return WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard, const uint32_t* idx,
-                                           int64_t count, DeferredRows* deferred) {
+    EvictedWriter out(evicted, value_bytes_);
+    Status result = WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard,
+                                                    const uint32_t* idx, int64_t count,
+                                                    DeferredRows* deferred) {
       Status status;
       PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
         if (!status.ok()) return;
@@ -429,6 +431,8 @@ class CpuTable final : public Table {
       });
       return status;
     });
+    if (evicted != nullptr) evicted->count = out.count();
+    return result;
   }
 
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {

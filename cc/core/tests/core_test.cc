@@ -766,6 +766,84 @@ void TestEvictedEntriesBuffers(const Runner& runner) {
   CHECK(none.count == 0 && u->Size() == 2);
 }
 
+// Accum into a full bounded table reports what it evicted exactly as
+// InsertAndEvict does: the reported entries are exactly the keys that
+// disappeared, with the rows and scores they had; a new key turned away is
+// reported with its delta.
+void TestBoundedAccumReports(const Runner& runner) {
+  const int64_t kMax = 64;
+  auto t = MakeBounded(KeyType::kInt64, EvictStrategy::kLru, kMax, 2);
+  std::vector<int64_t> keys(kMax);
+  std::vector<float> values(kMax * 2);
+  for (int64_t i = 0; i < kMax; ++i) {
+    keys[i] = i;
+    values[2 * i] = values[2 * i + 1] = static_cast<float>(i);
+    // One key per batch: LRU ranks key i below key i + 1.
+    CHECK_OK(t->Insert(&keys[i], 1, &values[2 * i], nullptr, runner));
+  }
+  // 8 present keys accumulated (rescored, so no longer the oldest), 8 present
+  // keys left alone (exists false), 8 absent keys ignored (exists true) and
+  // 16 absent keys inserted: they evict the 16 oldest keys not accumulated.
+  std::vector<int64_t> batch;
+  std::vector<char> exists;
+  for (int64_t i = 0; i < 8; ++i) batch.push_back(i), exists.push_back(1);
+  for (int64_t i = 8; i < 16; ++i) batch.push_back(i), exists.push_back(0);
+  for (int64_t i = 0; i < 8; ++i) batch.push_back(1000 + i), exists.push_back(1);
+  for (int64_t i = 0; i < 16; ++i) batch.push_back(2000 + i), exists.push_back(0);
+  const int64_t n = static_cast<int64_t>(batch.size());
+  const std::vector<float> deltas(n * 2, 0.5f);
+  const std::map<int64_t, uint64_t> before = ExportScores(*t);
+  EvictedBuffers ev(n, 2);
+  ev.entries.count = 77;  // set by the table
+  CHECK_OK(t->AccumAndEvict(batch.data(), n, deltas.data(),
+                            reinterpret_cast<const bool*>(exists.data()), &ev.entries, runner));
+  const std::map<int64_t, uint64_t> after = ExportScores(*t);
+  CHECK(t->Size() == kMax && ev.entries.count == 16);
+  std::set<int64_t> gone;
+  for (const auto& [key, score] : before) {
+    if (after.count(key) == 0) gone.insert(key);
+  }
+  const auto got = ev.Map();
+  CHECK(static_cast<int64_t>(got.size()) == 16);
+  for (const auto& [key, row] : got) {
+    CHECK(gone.count(key) == 1);
+    CHECK(key >= 8 && key < 24);  // the oldest keys the batch did not accumulate
+    CHECK(row.first == static_cast<float>(key) && row.second == before.at(key));
+  }
+  CHECK(gone.size() == got.size());
+  for (int64_t i = 0; i < 16; ++i) CHECK(after.count(2000 + i) == 1);
+  CHECK(t->Counters().evictions == 16);
+
+  // A customized table gives accumulated new keys score 0: below every
+  // stored score, so the new key is turned away and reported with its delta.
+  auto c = MakeBounded(KeyType::kInt64, EvictStrategy::kCustomized, 2, 2);
+  const int64_t stored[] = {1, 2};
+  const float stored_values[] = {1, 1, 2, 2};
+  const uint64_t stored_scores[] = {10, 20};
+  CHECK_OK(c->Insert(stored, 2, stored_values, stored_scores, runner));
+  const int64_t fresh = 3;
+  const float fresh_delta[] = {7, 7};
+  const bool absent = false;
+  EvictedBuffers away(1, 2);
+  CHECK_OK(c->AccumAndEvict(&fresh, 1, fresh_delta, &absent, &away.entries, runner));
+  CHECK(away.entries.count == 1 && away.keys[0] == 3 && away.values[0] == 7 &&
+        away.scores[0] == 0);
+  CHECK(c->Size() == 2 && ExportScores(*c).count(3) == 0);
+
+  // Accum (the non-reporting form) still evicts and counts.
+  const int64_t more[] = {4, 5};
+  const bool not_there[] = {false, false};
+  const uint64_t before_count = c->Counters().evictions;
+  CHECK_OK(c->Accum(more, 2, stored_values, not_there, runner));
+  CHECK(c->Size() == 2 && c->Counters().evictions == before_count + 2);
+  // Unbounded tables never evict; count is reset to 0.
+  auto u = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+  EvictedBuffers none(2, 2);
+  none.entries.count = 77;
+  CHECK_OK(u->AccumAndEvict(more, 2, stored_values, not_there, &none.entries, runner));
+  CHECK(none.entries.count == 0 && u->Size() == 2);
+}
+
 // A score lowered by an explicit insert makes the key the next victim (the
 // heap gets an entry for it); a new key tying the minimum evicts the stored one.
 void TestLoweredScoresAndTies(const Runner& runner) {
@@ -903,11 +981,19 @@ void TestConcurrentBounded() {
               case 1:
                 CHECK_OK(t->Insert(keys.data(), n, values.data(), nullptr, runner));
                 break;
-              case 2:
+              case 2: {
                 for (int64_t i = 0; i < n; ++i) exists[i] = next() % 2;
-                CHECK_OK(t->Accum(keys.data(), n, values.data(),
-                                  reinterpret_cast<bool*>(exists.data()), runner));
+                const bool* e = reinterpret_cast<bool*>(exists.data());
+                if (next() % 2 == 0) {
+                  CHECK_OK(t->Accum(keys.data(), n, values.data(), e, runner));
+                } else {
+                  EvictedBuffers ev(n, 4);
+                  CHECK_OK(t->AccumAndEvict(keys.data(), n, values.data(), e, &ev.entries,
+                                            runner));
+                  CHECK(ev.entries.count >= 0 && ev.entries.count <= n);
+                }
                 break;
+              }
               default:
                 CHECK_OK(t->Remove(keys.data(), n / 3, runner));
             }
@@ -963,6 +1049,8 @@ int main() {
       {"bounded_lru_batches/serial", [&] { TestBoundedLruBatches(serial); }},
       {"bounded_lru_batches/threads", [&] { TestBoundedLruBatches(threads); }},
       {"evicted_entries_buffers", [&] { TestEvictedEntriesBuffers(serial); }},
+      {"bounded_accum_reports/serial", [&] { TestBoundedAccumReports(serial); }},
+      {"bounded_accum_reports/threads", [&] { TestBoundedAccumReports(threads); }},
       {"lowered_scores_and_ties", [&] { TestLoweredScoresAndTies(serial); }},
       {"stale_heap_under_find_refresh", [&] { TestStaleHeapUnderFindRefresh(serial); }},
       {"concurrent_bounded", TestConcurrentBounded},
