@@ -353,13 +353,71 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         Raises:
           TypeError: an argument has the wrong dtype.
         """
-        keys = convert(keys, self._key_dtype, "keys")
-        values_or_deltas = convert(values_or_deltas, self._value_dtype, "values_or_deltas")
-        exists = convert(exists, tf.bool, "exists")
+        keys, values_or_deltas, exists = self._accum_inputs(keys, values_or_deltas, exists)
         with tf.name_scope(name or f"{self._name}_accum"), self._placement():
             return _gen_ops().dynemb_table_accum(
                 self.resource_handle, keys, values_or_deltas, exists
             )
+
+    def _accum_inputs(
+        self, keys: TensorLike, values_or_deltas: TensorLike, exists: TensorLike
+    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The converted inputs of `accum` / `accum_and_evict`."""
+        keys = convert(keys, self._key_dtype, "keys")
+        values_or_deltas = convert(values_or_deltas, self._value_dtype, "values_or_deltas")
+        exists = convert(exists, tf.bool, "exists")
+        return keys, values_or_deltas, exists
+
+    def accum_and_evict(
+        self,
+        keys: TensorLike,
+        values_or_deltas: TensorLike,
+        exists: TensorLike,
+        name: Optional[str] = None,
+    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`accum`, returning what it evicted to stay within `max_capacity`.
+
+        Only the keys `accum` inserts (not `exists` and absent) need room. When the
+        table is full, each of them evicts the entry with the lowest score in the table
+        (among equal scores, the one written longest ago), or, if its own score is lower
+        than every stored score, is itself not inserted, exactly as in
+        `insert_and_evict`. Both are returned. Below `max_capacity` nothing is evicted.
+        An unbounded `HashTable` never evicts and returns empty tensors.
+
+        Args:
+          keys: keys of any shape, of the table's key dtype.
+          values_or_deltas: `keys.shape + value_shape`, of the table's value dtype.
+          exists: bool tensor of `keys.shape` (as for `accum`).
+          name: a name for the operation.
+
+        Returns:
+          `(evicted_keys [m], evicted_values [m] + value_shape, evicted_scores int64
+          [m])`, `m <= keys.size`, in unspecified order: the stored entries the batch
+          evicted (with the values and scores they had, including deltas this batch
+          added before evicting them) and the new keys it turned away (with the value
+          they would have been inserted with).
+
+        Raises:
+          The same errors as `accum`.
+
+        Example:
+
+        >>> import tensorflow as tf
+        >>> import tensorflow_dynemb as de
+        >>> table = de.HkvHashTable(tf.int64, tf.float32, 0.0, init_capacity=2,
+        ...                         max_capacity=2, evict_strategy="lru")
+        >>> table.insert([1], [1.0])
+        >>> table.insert([2], [2.0])
+        >>> keys, values, _ = table.accum_and_evict([3], [3.0], exists=[False])
+        >>> keys.numpy(), values.numpy()
+        (array([1]), array([1.], dtype=float32))
+        """
+        keys, values_or_deltas, exists = self._accum_inputs(keys, values_or_deltas, exists)
+        with tf.name_scope(name or f"{self._name}_accum_and_evict"), self._placement():
+            evicted = _gen_ops().dynemb_table_accum_and_evict(
+                self.resource_handle, keys, values_or_deltas, exists
+            )
+        return tuple(evicted)
 
     def remove(self, keys: TensorLike, name: Optional[str] = None):
         """Removes `keys` (any shape); absent keys are ignored.
@@ -414,8 +472,9 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
           (0 for a `HashTable`); `load_factor` (float32, `size / capacity`); and
           counters since the table was created (`clear` does not reset them):
           `inserts` (rows that created a key), `lookups` (keys looked up), `misses`
-          (keys looked up and absent), `evictions` (what `insert_and_evict` returns:
-          entries evicted and new keys turned away, also by `insert` and `accum`).
+          (keys looked up and absent), `evictions` (what `insert_and_evict` and
+          `accum_and_evict` return: entries evicted and new keys turned away, also by
+          `insert` and `accum`).
           All int64 but `load_factor`.
         """
         with tf.name_scope(name or f"{self._name}_stats"), self._placement():
@@ -796,14 +855,14 @@ class HkvHashTable(_DynembTable):
     """A bounded hash table with cache semantics (HierarchicalKV's API, on CPU too).
 
     It holds at most `max_capacity` keys. Below that, nothing is evicted; when full,
-    each new key (from `insert`, `insert_and_evict`, `accum` or `import_`) evicts the
-    entry with the lowest score in the table, scored by `config.evict_strategy` (see
-    `HkvEvictStrategy`; among equal scores, the entry written longest ago), or is
-    itself not inserted if its own score is lower still.
-    `insert_and_evict` returns what was evicted. Every entry carries an int64 score,
-    which `export_with_scores`, `import_` and checkpoints carry along, so a restored
-    table goes on evicting as the saved one would have. Otherwise it behaves exactly
-    like `HashTable`.
+    each new key (from `insert`, `insert_and_evict`, `accum`, `accum_and_evict` or
+    `import_`) evicts the entry with the lowest score in the table, scored by
+    `config.evict_strategy` (see `HkvEvictStrategy`; among equal scores, the entry
+    written longest ago), or is itself not inserted if its own score is lower still.
+    `insert_and_evict` and `accum_and_evict` return what was evicted. Every entry
+    carries an int64 score, which `export_with_scores`, `import_` and checkpoints
+    carry along, so a restored table goes on evicting as the saved one would have.
+    Otherwise it behaves exactly like `HashTable`.
 
     Example:
 

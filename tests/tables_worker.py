@@ -141,6 +141,32 @@ def graph_eviction_and_stats(workdir):
 
 
 @scenario
+def graph_accum_and_evict(workdir):
+    import tensorflow_dynemb as de
+
+    result = {}
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        config = de.HkvHashTableConfig(
+            init_capacity=3, max_capacity=3, evict_strategy=de.HkvEvictStrategy.LFU
+        )
+        table = de.HkvHashTable(tf.int64, tf.float32, [0.0, 0.0], config=config)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        deltas = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        exists = tf.compat.v1.placeholder(tf.bool, [None])
+        evict = table.accum_and_evict(keys, deltas, exists)
+        result["first"] = sess.run(
+            evict, {keys: [1, 2, 3], deltas: [[1, 1], [2, 2], [3, 3]], exists: [False] * 3}
+        )
+        # LFU: 1 and 3 are accumulated (count 2), so the new key 4 evicts 2.
+        k, v, s = sess.run(
+            evict, {keys: [1, 3, 4], deltas: [[1, 1], [1, 1], [4, 4]], exists: [True, True, False]}
+        )
+        result["evicted"] = [k, v, s]
+        result["size"] = sess.run(table.size())
+    return result
+
+
+@scenario
 def graph_tables_with_default_names_are_distinct(workdir):
     import tensorflow_dynemb as de
 

@@ -35,6 +35,7 @@ WRITING_OPS = {
     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
     "ResourceScatterUpdate", "LookupTableInsertV2", "LookupTableImportV2",
     "DynembTableInsert", "DynembTableInsertAndEvict", "DynembTableAccum",
+    "DynembTableAccumAndEvict",
     "DynembTableImport", "DynembTableRemove", "DynembTableClear",
 }
 

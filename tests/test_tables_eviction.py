@@ -1,5 +1,5 @@
 """Bounded `HkvHashTable`s through the ops and the Python API: `insert_and_evict`,
-`stats`, eviction by `insert` and `accum`, CUSTOMIZED scores, configuration errors, and
+`accum_and_evict`, `stats`, eviction by `insert` and `accum`, CUSTOMIZED scores, configuration errors, and
 checkpoint restores that go on evicting exactly as the saved table would have.
 
 Eviction quality and the core's concurrency are tested without TensorFlow in
@@ -185,6 +185,118 @@ def test_graph_mode_insert_and_evict_and_stats():
         "inserts": 5, "lookups": 2, "misses": 1, "evictions": 2,
     }
     assert result["customized_without_scores"].startswith("ValueError")
+
+
+# ----------------------------------------------------------------------------------------
+# accum_and_evict
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key_dtype", KEY_DTYPES, ids=dtype_id)
+def test_accum_and_evict_returns_what_left_the_table(key_dtype):
+    rng = rng_for("accum_and_evict", key_dtype)
+    keys = make_keys(rng, key_dtype, 28)
+    never = keys[24:]  # never inserted
+    table = hkv(key_dtype, tf.int32, [-1, -1], max_capacity=12)
+    values = np.arange(48, dtype=np.int32).reshape(24, 2)
+    absent = np.zeros(4, bool)
+    for b in range(0, 12, 4):  # fills the table: nothing evicted
+        k, v, s = table.accum_and_evict(keys[b:b + 4], values[b:b + 4], absent)
+        assert k.dtype == key_dtype and v.dtype == tf.int32 and s.dtype == tf.int64
+        assert k.shape == [0] and v.shape == [0, 2] and s.shape == [0]
+    for b in range(12, 24, 4):
+        before = content(table)
+        # Besides 4 new keys, a stored key with exists=False and an absent key with
+        # exists=True: both left alone, so neither needs room.
+        batch_keys = [keys[b:b + 4], keys[b - 5:b - 4], never[b // 4 - 3:b // 4 - 2]]
+        deltas = [values[b:b + 4], [[7, 7]], [[9, 9]]]
+        exists = [False] * 4 + [False, True]
+        expected = keys[b - 12:b - 8]  # LRU: the oldest batch
+        if b == 20:
+            # Adding to the oldest key rescores it before the new keys need room: the
+            # next oldest goes instead.
+            batch_keys.append(keys[b - 12:b - 11])
+            deltas.append([[100, 100]])
+            exists.append(True)
+            expected = keys[b - 11:b - 7]
+        got = evicted(table.accum_and_evict(
+            np.concatenate(batch_keys), np.concatenate(deltas).astype(np.int32), exists))
+        after = content(table)
+        assert set(got) == {norm_key(k) for k in expected}
+        assert set(got) == set(before) - set(after)
+        assert all(got[k] == before[k] for k in got)  # the rows and scores they had
+        assert after[norm_key(keys[b - 5])][0] == before[norm_key(keys[b - 5])][0]
+        assert norm_key(never[b // 4 - 3]) not in after
+        assert int(table.size()) == 12
+    oldest = norm_key(keys[8])
+    assert after[oldest][0] == tuple((np.array(before[oldest][0]) + 100).tolist())
+
+
+def test_accum_and_evict_turns_away_keys_scored_below_every_stored_one():
+    # CUSTOMIZED: a key accum inserts gets score 0, below the stored scores.
+    table = hkv(max_capacity=2, strategy=S.CUSTOMIZED)
+    table.insert([1, 2], [1.0, 2.0], scores=[10, 20])
+    got = evicted(table.accum_and_evict([[3], [1]], [[3.0], [0.5]], [[False], [True]]))
+    assert got == {3: ((3.0,), 0)}  # reported with the delta it would have inserted
+    assert content(table) == {1: ((1.5,), 10), 2: ((2.0,), 20)}
+    assert stats_of(table)["evictions"] == 1
+
+
+def test_hash_table_accum_and_evict_never_evicts():
+    table = de.HashTable(tf.string, tf.bfloat16, [0.0, 0.0, 0.0])
+    keys, values, scores = table.accum_and_evict(
+        ["a", "b"], tf.ones([2, 3], tf.bfloat16), [False, False])
+    assert keys.dtype == tf.string and keys.shape == [0]
+    assert values.dtype == tf.bfloat16 and values.shape == [0, 3]
+    assert scores.shape == [0] and int(table.size()) == 2
+
+
+def test_accum_and_evict_rejects_bad_inputs_and_leaves_the_table():
+    table = hkv(max_capacity=2, default=[0.0, 0.0])
+    table.insert([1, 2], [[1.0, 1.0], [2.0, 2.0]])
+    before = content(table)
+    with pytest.raises(TypeError, match="keys"):
+        table.accum_and_evict(tf.constant([3], tf.int32), [[3.0, 3.0]], [False])
+    with pytest.raises(TypeError, match="values_or_deltas"):
+        table.accum_and_evict([3], tf.constant([[3, 3]], tf.int32), [False])
+    with pytest.raises(TypeError, match="exists"):
+        table.accum_and_evict([3], [[3.0, 3.0]], tf.constant([0], tf.int32))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="Expected shape"):
+        table.accum_and_evict([3], [[3.0, 3.0, 3.0]], [False])
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="Expected shape"):
+        table.accum_and_evict([3], [[3.0, 3.0]], [False, False])
+    assert content(table) == before
+
+
+@pytest.mark.parametrize("signature", ["static", "dynamic"])
+def test_accum_and_evict_in_tf_function(signature):
+    table = hkv(tf.string, tf.int8, [0, 0], max_capacity=3)
+    if signature == "dynamic":
+        decorate = tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                                tf.TensorSpec([None, 2], tf.int8),
+                                                tf.TensorSpec([None], tf.bool)])
+    else:
+        decorate = tf.function
+
+    @decorate
+    def step(keys, deltas, exists):
+        return table.accum_and_evict(keys, deltas, exists)
+
+    step(tf.constant(["a", "b", "c"]), tf.constant([[1, 1], [2, 2], [3, 3]], tf.int8),
+         tf.constant([False] * 3))
+    keys, values, scores = step(tf.constant(["d", "a"]), tf.constant([[4, 4], [1, 1]], tf.int8),
+                                tf.constant([False, True]))
+    # "a" was rescored first by its delta; "b" is the oldest left.
+    assert keys.numpy().tolist() == [b"b"] and values.numpy().tolist() == [[2, 2]]
+    assert scores.shape == [1] and int(table.size()) == 3
+    assert content(table)[b"a"][0] == (2, 2)
+
+
+def test_graph_mode_accum_and_evict():
+    result = scenario_result(graph_mode_results(), "graph_accum_and_evict")
+    assert result["first"] == [[], [], []]
+    assert result["evicted"] == [[2], [[2.0, 2.0]], [1]]  # LFU: counted once
+    assert result["size"] == 3
 
 
 # ----------------------------------------------------------------------------------------

@@ -272,6 +272,45 @@ class InsertOp : public TableOpKernel {
   }
 };
 
+// The three outputs (keys, values, scores) of the *AndEvict ops. A batch of
+// n rows evicts at most n entries: the core fills n-row buffers and the
+// outputs are their first rows (slices share the buffer).
+class EvictedOutputs {
+ public:
+  absl::Status Allocate(OpKernelContext* ctx, TableResource* resource, int64_t n) {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(resource->key_dtype(), TensorShape({n}), &keys_));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(
+        resource->value_dtype(), KeyedShape(TensorShape({n}), resource->value_shape()),
+        &values_));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({n}), &scores_));
+    if (keys_.dtype() == tensorflow::DT_STRING) {
+      tensorflow::tstring* out = keys_.flat<tensorflow::tstring>().data();
+      entries_.string_key = [out](int64_t i, std::string_view key) {
+        out[i].assign(key.data(), key.size());
+      };
+    } else {
+      entries_.keys = keys_.data();
+    }
+    entries_.values = values_.data();
+    // int64 scores carry the core's uint64 bits unchanged.
+    entries_.scores = static_cast<uint64_t*>(scores_.data());
+    return absl::OkStatus();
+  }
+
+  EvictedEntries* entries() { return &entries_; }
+
+  // Sets outputs 0-2 to the entries the core wrote.
+  void SetOutputs(OpKernelContext* ctx) const {
+    ctx->set_output(0, keys_.Slice(0, entries_.count));
+    ctx->set_output(1, values_.Slice(0, entries_.count));
+    ctx->set_output(2, scores_.Slice(0, entries_.count));
+  }
+
+ private:
+  Tensor keys_, values_, scores_;
+  EvictedEntries entries_;
+};
+
 class InsertAndEvictOp : public TableOpKernel {
  public:
   using TableOpKernel::TableOpKernel;
@@ -281,34 +320,13 @@ class InsertAndEvictOp : public TableOpKernel {
     const uint64_t* scores;
     OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
     KeyBatch batch(ctx->input(1));
-    // A batch of n rows evicts at most n entries: the core fills n-row
-    // buffers and the outputs are their first rows (slices share the buffer).
-    const int64_t n = batch.size();
-    Tensor keys, values, evicted_scores;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(resource->key_dtype(), TensorShape({n}), &keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(resource->value_dtype(),
-                                           KeyedShape(TensorShape({n}), resource->value_shape()),
-                                           &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({n}),
-                                           &evicted_scores));
-    EvictedEntries evicted;
-    if (keys.dtype() == tensorflow::DT_STRING) {
-      tensorflow::tstring* out = keys.flat<tensorflow::tstring>().data();
-      evicted.string_key = [out](int64_t i, std::string_view key) {
-        out[i].assign(key.data(), key.size());
-      };
-    } else {
-      evicted.keys = keys.data();
-    }
-    evicted.values = values.data();
-    // int64 scores carry the core's uint64 bits unchanged.
-    evicted.scores = static_cast<uint64_t*>(evicted_scores.data());
+    EvictedOutputs evicted;
+    OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
     ThreadPoolRunner runner(ctx);
     OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().InsertAndEvict(
-                            batch.data(), n, ctx->input(2).data(), scores, &evicted, runner)));
-    ctx->set_output(0, keys.Slice(0, evicted.count));
-    ctx->set_output(1, values.Slice(0, evicted.count));
-    ctx->set_output(2, evicted_scores.Slice(0, evicted.count));
+                            batch.data(), batch.size(), ctx->input(2).data(), scores,
+                            evicted.entries(), runner)));
+    evicted.SetOutputs(ctx);
   }
 };
 
@@ -329,23 +347,45 @@ class ImportOp : public TableOpKernel {
   }
 };
 
+// Checks keys/deltas/exists of Accum and AccumAndEvict.
+absl::Status CheckAccumInputs(OpKernelContext* ctx, TableResource* resource) {
+  const Tensor& keys = ctx->input(1);
+  TF_RETURN_IF_ERROR(
+      CheckShape(KeyedShape(keys.shape(), resource->value_shape()), ctx->input(2), "values"));
+  return CheckShape(keys.shape(), ctx->input(3), "exists");
+}
+
 class AccumOp : public TableOpKernel {
  public:
   using TableOpKernel::TableOpKernel;
 
  protected:
   void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const Tensor& keys = ctx->input(1);
-    const Tensor& deltas = ctx->input(2);
-    const Tensor& exists = ctx->input(3);
-    OP_REQUIRES_OK(ctx,
-                   CheckShape(KeyedShape(keys.shape(), resource->value_shape()), deltas, "values"));
-    OP_REQUIRES_OK(ctx, CheckShape(keys.shape(), exists, "exists"));
-    KeyBatch batch(keys);
+    OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
+    KeyBatch batch(ctx->input(1));
     ThreadPoolRunner runner(ctx);
     OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Accum(
-                            batch.data(), batch.size(), deltas.data(),
-                            static_cast<const bool*>(exists.data()), runner)));
+                            batch.data(), batch.size(), ctx->input(2).data(),
+                            static_cast<const bool*>(ctx->input(3).data()), runner)));
+  }
+};
+
+class AccumAndEvictOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
+    OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
+    KeyBatch batch(ctx->input(1));
+    EvictedOutputs evicted;
+    OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
+    ThreadPoolRunner runner(ctx);
+    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().AccumAndEvict(
+                            batch.data(), batch.size(), ctx->input(2).data(),
+                            static_cast<const bool*>(ctx->input(3).data()), evicted.entries(),
+                            runner)));
+    evicted.SetOutputs(ctx);
   }
 };
 
@@ -575,6 +615,7 @@ DYNEMB_REGISTER_CPU("DynembTableFind", FindOp);
 DYNEMB_REGISTER_CPU("DynembTableInsert", InsertOp);
 DYNEMB_REGISTER_CPU("DynembTableInsertAndEvict", InsertAndEvictOp);
 DYNEMB_REGISTER_CPU("DynembTableAccum", AccumOp);
+DYNEMB_REGISTER_CPU("DynembTableAccumAndEvict", AccumAndEvictOp);
 DYNEMB_REGISTER_CPU("DynembTableRemove", RemoveOp);
 DYNEMB_REGISTER_CPU("DynembTableClear", ClearOp);
 DYNEMB_REGISTER_CPU("DynembTableSize", SizeOp);

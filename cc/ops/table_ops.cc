@@ -152,6 +152,11 @@ absl::Status InsertAndEvictShape(InferenceContext* c) {
   return EntriesOutputsShape(c);
 }
 
+absl::Status AccumAndEvictShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(AccumShape(c));
+  return EntriesOutputsShape(c);
+}
+
 absl::Status StatsShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(HandleOnlyShape(c));
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
@@ -247,6 +252,25 @@ REGISTER_OP("DynembTableAccum")
     .Doc(R"doc(
 Per key: exists and present -> value += delta; not exists and absent -> insert
 the value; otherwise no change.
+)doc");
+
+REGISTER_OP("DynembTableAccumAndEvict")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("values_or_deltas: Tvalue")
+    .Input("exists: bool")
+    .Output("evicted_keys: Tkey")
+    .Output("evicted_values: Tvalue")
+    .Output("evicted_scores: int64")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr(TypeAttr("Tvalue", kValueTypes))
+    .SetShapeFn(AccumAndEvictShape)
+    .Doc(R"doc(
+DynembTableAccum that also returns what the batch evicted to stay within the
+table's max_capacity, as DynembTableInsertAndEvict does: the stored entries
+it evicted and the new keys it turned away (with the value they would have
+been inserted with), m <= keys.size entries in unspecified order (m = 0 for
+an unbounded table).
 )doc");
 
 REGISTER_OP("DynembTableRemove")
