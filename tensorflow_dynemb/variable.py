@@ -421,23 +421,54 @@ class Variable(tf.Module):
           tf.errors.InvalidArgumentError / ValueError: a shape mismatch ("Expected shape").
         """
         with tf.name_scope(name or f"{self._unique_name}_accum"):
-            keys = convert(keys, self._key_dtype, "keys")
-            old = self._flat_rows(keys, old_values, "old_values")
-            new = self._flat_rows(keys, new_values, "new_values")
-            exists = convert(exists, tf.bool, "exists")
-            if not exists.shape.is_compatible_with(keys.shape):
-                raise ValueError(
-                    f"Expected shape {keys.shape} (keys.shape) for `exists`, got {exists.shape}"
-                )
-            flat_exists = tf.reshape(exists, [-1])
-            if self._value_dtype == tf.bool:
-                deltas = new  # bool "+=" is a logical or
-            else:
-                deltas = tf.where(flat_exists[:, tf.newaxis], new - old, new)
-            shards, _ = self._route(tf.reshape(keys, [-1]), deltas, flat_exists)
+            shards = self._accum_shards(keys, old_values, new_values, exists)
             return self._group(
                 [table.accum(k, d, e) for table, (k, d, e) in zip(self._tables, shards)]
             )
+
+    def accum_and_evict(
+        self,
+        keys: TensorLike,
+        old_values: TensorLike,
+        new_values: TensorLike,
+        exists: TensorLike,
+        name: Optional[str] = None,
+    ):
+        """`accum`, returning the entries that bounded shard tables evicted to stay
+        within their capacity (see `HkvHashTable.accum_and_evict`); empty for
+        unbounded tables.
+
+        Returns:
+          `(evicted_keys [m], evicted_values [m, dim], evicted_scores int64 [m])`.
+
+        Raises:
+          The same errors as `accum`.
+        """
+        with tf.name_scope(name or f"{self._unique_name}_accum_and_evict"):
+            shards = self._accum_shards(keys, old_values, new_values, exists)
+            return self._concat_evicted(
+                [table.accum_and_evict(k, d, e) for table, (k, d, e) in zip(self._tables, shards)]
+            )
+
+    def _accum_shards(
+        self, keys: TensorLike, old_values: TensorLike, new_values: TensorLike, exists: TensorLike
+    ) -> List[Tuple[tf.Tensor, ...]]:
+        """The (keys, deltas, exists) of `accum` routed to each shard table."""
+        keys = convert(keys, self._key_dtype, "keys")
+        old = self._flat_rows(keys, old_values, "old_values")
+        new = self._flat_rows(keys, new_values, "new_values")
+        exists = convert(exists, tf.bool, "exists")
+        if not exists.shape.is_compatible_with(keys.shape):
+            raise ValueError(
+                f"Expected shape {keys.shape} (keys.shape) for `exists`, got {exists.shape}"
+            )
+        flat_exists = tf.reshape(exists, [-1])
+        if self._value_dtype == tf.bool:
+            deltas = new  # bool "+=" is a logical or
+        else:
+            deltas = tf.where(flat_exists[:, tf.newaxis], new - old, new)
+        shards, _ = self._route(tf.reshape(keys, [-1]), deltas, flat_exists)
+        return shards
 
     def remove(self, keys: TensorLike, name: Optional[str] = None):
         """Removes `keys` (any shape); absent keys are ignored.
@@ -461,10 +492,16 @@ class Variable(tf.Module):
             keys = convert(keys, self._key_dtype, "keys")
             rows = self._flat_rows(keys, values, "values")
             shards, _ = self._route(tf.reshape(keys, [-1]), rows)
-            parts = [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
-            if len(parts) == 1:
-                return tuple(parts[0])
-            return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
+            return self._concat_evicted(
+                [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
+            )
+
+    @staticmethod
+    def _concat_evicted(parts: List[Tuple[tf.Tensor, ...]]) -> Tuple[tf.Tensor, ...]:
+        """One (keys, values, scores) of what every shard table evicted."""
+        if len(parts) == 1:
+            return tuple(parts[0])
+        return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
 
     def remove_everywhere(self, keys: TensorLike) -> List[Any]:
         """Removes `keys` from the variable and from every optimizer slot of it (what a

@@ -117,6 +117,46 @@ def test_export_with_hkv_shards_carries_scores():
     np.testing.assert_array_equal(s.numpy(), k.numpy() * 10)
 
 
+@pytest.mark.parametrize("shards", [1, 3])
+def test_accum_and_evict_reports_what_left_every_shard(shards):
+    config = de.HkvHashTableConfig(init_capacity=4, max_capacity=4)
+    var = make_variable(dim=2, shards=shards, kv_creator=de.HkvHashTableCreator(config))
+    reported = 0
+    for step in range(6):
+        before = {int(k): v.tolist() for k, v in zip(*(t.numpy() for t in var.export()))}
+        new = np.arange(10 * step, 10 * step + 5, dtype=np.int64)
+        present = np.array(sorted(before)[:2], np.int64)  # accumulated into
+        keys = np.concatenate([new, present])
+        old = np.zeros([len(keys), 2], np.float32)
+        old[len(new):] = np.reshape([before[k] for k in present.tolist()], [-1, 2])
+        new_values = old + np.float32(0.5)
+        exists = np.array([False] * len(new) + [True] * len(present))
+        ev_keys, ev_values, ev_scores = var.accum_and_evict(keys, old, new_values, exists)
+        assert ev_keys.dtype == tf.int64 and ev_values.shape == [len(ev_keys), 2]
+        assert ev_scores.dtype == tf.int64 and ev_scores.shape == [len(ev_keys)]
+        after = {int(k): v.tolist() for k, v in zip(*(t.numpy() for t in var.export()))}
+        got = dict(zip(ev_keys.numpy().tolist(), ev_values.numpy().tolist()))
+        assert len(got) == len(ev_keys)
+        assert set(got) == (set(before) | set(new.tolist())) - set(after), step
+        for k, row in got.items():
+            if k in before and k not in present.tolist():
+                assert row == before[k]
+        for k in set(present.tolist()) & set(after):
+            np.testing.assert_allclose(after[k], np.array(before[k]) + 0.5)
+        assert int(var.size()) == len(after) <= 4 * shards
+        reported += len(got)
+    assert reported > 0 and int(var.stats()["evictions"]) == reported
+
+
+def test_unbounded_variable_accum_and_evict_reports_nothing():
+    var = make_variable(dim=2, shards=3)
+    keys, values, scores = var.accum_and_evict(
+        np.arange(10, dtype=np.int64), np.zeros([10, 2], np.float32),
+        np.ones([10, 2], np.float32), np.zeros(10, bool))
+    assert keys.shape == [0] and values.shape == [0, 2] and scores.shape == [0]
+    assert int(var.size()) == 10
+
+
 def test_stats_sum_the_shards():
     config = de.HkvHashTableConfig(init_capacity=16, max_capacity=40)
     var = make_variable(dim=2, shards=3, kv_creator=de.HkvHashTableCreator(config))
