@@ -208,7 +208,13 @@ class SparseApplier:
         new_rows, new_slot_rows = self.rule.apply(update.old_rows, grad, slot_rows, values)
         bp_v2 = params.bp_v2 if self.bp_v2 is None else self.bp_v2
         evicted = None
-        if bp_v2:  # add this step's delta, so concurrent writers' deltas all count
+        # bp_v2 adds this step's delta, so that concurrent writers' deltas all count.
+        # A bounded variable reports what the write-back evicted (handled below).
+        if bp_v2 and params.bounded:
+            evicted = params.accum_and_evict(
+                update.keys, update.old_rows, new_rows, update.exists
+            )[0]
+        elif bp_v2:
             writes.append(params.accum(update.keys, update.old_rows, new_rows, update.exists))
         elif params.bounded:
             evicted = params.insert_and_evict(update.keys, new_rows)[0]

@@ -168,8 +168,11 @@ def test_admit_policy_errors():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bp_v2", [False, True], ids=["upsert", "bp_v2"])
 @pytest.mark.parametrize("shards", [1, 3])
-def test_evicted_keys_lose_their_slot_rows(shards):
+def test_evicted_keys_lose_their_slot_rows(shards, bp_v2):
+    """Whether the write-back upserts or (bp_v2) accumulates, what it evicts leaves
+    the slots and the restrict status too."""
     config = de.HkvHashTableConfig(init_capacity=4, max_capacity=4, evict_strategy="lru")
     var = de.Variable(
         dim=2,
@@ -177,6 +180,7 @@ def test_evicted_keys_lose_their_slot_rows(shards):
         kv_creator=de.HkvHashTableCreator(config),
         restrict_policy=de.FrequencyRestrictPolicy,
         initializer=1.0,
+        bp_v2=bp_v2,
     )
     optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
     for step in range(8):
