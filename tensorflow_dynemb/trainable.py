@@ -103,6 +103,7 @@ class TrainableRows:
                 f"Training needs a floating-point value_dtype, but de.Variable "
                 f"{params.name!r} holds {params.value_dtype.name}."
             )
+        _refuse_parameter_server_strategy(params)
         self.params = params
         self.name = name
         # The tf.distribute replica whose lookups use these buffers (None: no strategy).
@@ -114,10 +115,13 @@ class TrainableRows:
         # a lookup first traced inside a function still owns long-lived variables.
         with tf.init_scope(), tf.name_scope(scope), _maybe_device(device):
             initial_rows = tf.zeros([0, params.dim], params.value_dtype)
+            # In a TF1 graph the buffers are local variables (see _buffer); they need
+            # no initialisation: every read of a step follows a write of that step.
+            local = _in_tf1_graph()
             with _local_placement(initial_rows), _outside_strategy():
-                self.variable = _buffer(initial_rows, "rows", True)
-                self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False)
-                self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False)
+                self.variable = _buffer(initial_rows, "rows", True, local)
+                self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False, local)
+                self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False, local)
         setattr(self.variable, _OWNER_ATTR, self)
         # Keras 3 reads these from every trainable weight (its own Variables have them).
         self.variable.regularizer = None
@@ -126,6 +130,7 @@ class TrainableRows:
         # Append-or-overwrite state (see the module docstring).
         self._pending_eager = False
         self._last_graph: Optional[weakref.ref] = None
+        self._previous_writes = []
 
     @property
     def pending(self) -> bool:
@@ -139,12 +144,15 @@ class TrainableRows:
         unique_ids, index = tf.unique(flat_ids)
         rows, exists = self.params.lookup(unique_ids, return_exists=True)
         if self._appends():
-            offset = tf.shape(self.ids, out_type=index.dtype)[0]
-            writes = [
-                self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
-                self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
-                self.variable.assign(tf.concat([self.variable.read_value(), rows], 0)),
-            ]
+            # In a TF1 graph, after the previous lookup's writes (nothing else orders
+            # them, and the buffers may not be initialised before the first write).
+            with tf.control_dependencies(_ops_of(self._previous_writes)):
+                offset = tf.shape(self.ids.read_value(), out_type=index.dtype)[0]
+                writes = [
+                    self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
+                    self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
+                    self.variable.assign(tf.concat([self.variable.read_value(), rows], 0)),
+                ]
             index = index + offset
         else:
             writes = [
@@ -157,6 +165,13 @@ class TrainableRows:
             # after these writes also when the gradient's values do not depend on the
             # rows (a loss linear in them), which a TF1 graph would not order otherwise.
             index = tf.identity(index)
+            self._previous_writes = writes
+            if _in_tf1_graph():
+                # Not `sparse_read`: its gradient reads the variable's shape, unordered,
+                # possibly before the first write of a local buffer initialised by
+                # nothing but a `local_init_op`. This gradient takes the shape of the
+                # read, which follows the writes.
+                return tf.gather(self.variable.read_value(), index)
             return self.variable.sparse_read(index)
 
     def _appends(self) -> bool:
@@ -197,6 +212,24 @@ class TrainableRows:
 
 def _scope_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "lookup"
+
+
+def _refuse_parameter_server_strategy(params) -> None:
+    """ParameterServerStrategy runs one function trace on every worker, concurrently;
+    the view's buffers would be one set of variables (on the coordinator) that all
+    workers write in the same step, so keys would be lost or updated twice. Refused
+    until views need no per-step state (see docs/scaling.md)."""
+    if not tf.distribute.has_strategy():
+        return
+    strategy = tf.distribute.get_strategy()
+    if "ParameterServerStrategy" in type(strategy).__name__:
+        raise NotImplementedError(
+            f"Training de.Variable {params.name!r} under {type(strategy).__name__} is not "
+            "supported yet: its workers would share one trainable view and race on it. "
+            "Use TF1 between-graph training (tf.compat.v1.train.replica_device_setter + "
+            "MonitoredTrainingSession, tables on /job:ps devices) or MirroredStrategy; "
+            "see docs/scaling.md."
+        )
 
 
 def _maybe_device(device: Optional[str]):
@@ -240,17 +273,17 @@ def _local_placement(anchor: tf.Tensor):
     return tf.compat.v1.colocate_with(anchor.op)
 
 
-def _buffer(initial: tf.Tensor, name: str, trainable: bool):
+def _buffer(initial: tf.Tensor, name: str, trainable: bool, local: bool):
     """A resource variable whose first dimension changes with every assignment.
 
-    In a TF1 graph it is a local variable (`LOCAL_VARIABLES`, and
-    `TRAINABLE_VARIABLES` for the rows, so that `minimize(loss)` finds them): each
-    worker initialises its own (`local_init_op`), the chief does not wait for the
-    other workers' buffers, and checkpoints do not hold them (they carry no state
-    between steps)."""
+    With `local` (in a TF1 graph) it is a local variable
+    (`LOCAL_VARIABLES`, and `TRAINABLE_VARIABLES` for the rows, so that
+    `minimize(loss)` finds them): each worker initialises its own (`local_init_op`),
+    the chief does not wait for the other workers' buffers, and checkpoints do not
+    hold them (they carry no state between steps)."""
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
     collections = None
-    if _in_tf1_graph():
+    if local:
         collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
         if trainable:
             collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
