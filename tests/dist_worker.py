@@ -299,7 +299,57 @@ def ps(args):
     server.join()
 
 
-MODES = {"ps": ps, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
+def pss_custom_loop(args):
+    """The coordinator of a ParameterServerStrategy cluster: a ClusterCoordinator custom
+    loop training a de.Variable on the PS tasks. Returns the error it raises."""
+    import tensorflow as tf
+    import tensorflow_dynemb as de
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(args["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc"
+    )
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        emb = de.Variable(
+            tf.int64, tf.float32, dim=2, devices=ps_devices(len(args["cluster"]["ps"])),
+            name="pss_emb", bp_v2=True,
+        )
+        optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.25))
+    placement = [t.resource_handle.device for t in emb.tables]
+
+    @tf.function
+    def step(ids):
+        def replica_fn(ids):
+            with tf.GradientTape() as tape:
+                rows, view = de.embedding_lookup(emb, ids, name="u", return_trainable=True)
+                loss = tf.reduce_sum(rows)
+            optimizer.apply_gradients(zip(tape.gradient(loss, [view]), [view]))
+
+        strategy.run(replica_fn, args=(ids,))
+
+    try:
+        coordinator.schedule(step, args=(tf.constant([1, 2], tf.int64),))
+        coordinator.join()
+    except NotImplementedError as e:
+        return {"placement": placement, "raised": str(e)}
+    return {"placement": placement, "raised": None}
+
+
+def server(args):
+    """A worker (or any task) of a ParameterServerStrategy cluster: a server only."""
+    import tensorflow as tf
+    import tensorflow_dynemb  # noqa: F401  (registers the table ops and kernels here)
+
+    tf.distribute.Server(
+        tf.train.ClusterSpec(args["cluster"]),
+        job_name=args["job"],
+        task_index=args["index"],
+        start=True,
+    ).join()
+
+
+MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
 
 
 def main(argv):

@@ -249,3 +249,34 @@ def test_tf1_ps_killed_mid_training_waits_and_recovers_from_checkpoint():
     assert result["steps_run"] >= 40
     assert result["state"]["counter"] == [-dw.LR * 40] * 2
     assert sum(result["state"]["sizes"]) > 0
+
+
+# ----------------------------------------------------------------------------------------
+# ParameterServerStrategy: refused with a clear error (docs/scaling.md says why)
+# ----------------------------------------------------------------------------------------
+
+
+def test_parameter_server_strategy_is_refused_clearly():
+    """Tables are created on the PS tasks, but training refuses: the workers would
+    share one trainable view (on the coordinator) and race on it (measured: keys lost
+    and keys updated twice with 2 workers)."""
+    workdir = temp_workdir()
+    with cu.LocalCluster(cu.make_cluster(2, 2), workdir, "pss") as cluster:
+        workers = [
+            cu.start("server", {"cluster": cluster.spec, "job": "worker", "index": i},
+                     cluster.log("worker", i))
+            for i in range(2)
+        ]
+        try:
+            result = cu.result_of(
+                cluster.run_task("pss_custom_loop", "chief", 0), cluster.log("chief", 0), TIMEOUT
+            )
+        finally:
+            for proc in workers:
+                cu._kill(proc)
+    assert result["placement"] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
+    assert result["raised"] is not None
+    assert "ParameterServerStrategy" in result["raised"] and "scaling.md" in result["raised"]
