@@ -169,20 +169,33 @@ class SparseApplier:
             tf.concat([c[i] for c in consumed], 0) if len(consumed) > 1 else consumed[0][i]
             for i in range(4)
         )
-        unique_keys, index = tf.unique(keys)
-        count = tf.size(unique_keys)
-        first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), index, count)
-        grad = tf.math.unsorted_segment_sum(grads, index, count)
-        counts = tf.math.unsorted_segment_sum(tf.ones_like(index), index, count)
-        params = parts[0][0].params
-        return SparseGradient(
-            params,
-            unique_keys,
-            tf.gather(old_rows, first),
-            tf.gather(exists, first),
-            grad,
-            counts,
-        )
+        return _sum_by_key(parts[0][0].params, keys, old_rows, exists, grads, None)
+
+    def apply_synced(self, sparse: List[SparseGradient], local_step: tf.Tensor) -> List[Any]:
+        """`apply`, once per step for all replicas of a synchronous `tf.distribute`
+        strategy (MirroredStrategy): in a replica context, every replica's gradients
+        (one entry per key of its own lookups) are gathered in a `merge_call`, summed
+        per key over the replicas (duplicated ids across replicas add up, like a dense
+        variable's all-reduced gradient), and applied once. Elsewhere (no strategy, a
+        single replica, or a ParameterServerStrategy worker, which updates the tables
+        on its own): `apply`."""
+        context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
+        if context is None or context.num_replicas_in_sync == 1 or not sparse:
+            return self.apply(sparse, local_step)
+        params = [update.params for update in sparse]
+        tensors = [tuple(update)[1:] for update in sparse]
+
+        def merge(strategy, tensors, local_step):
+            merged = []
+            for variable, fields in zip(params, tensors):
+                keys, old_rows, exists, grads, counts = (
+                    tf.concat(strategy.experimental_local_results(f), 0) for f in fields
+                )
+                merged.append(_sum_by_key(variable, keys, old_rows, exists, grads, counts))
+            self.apply(merged, strategy.experimental_local_results(local_step)[0])
+
+        context.merge_call(merge, args=(tensors, local_step))
+        return []
 
     def apply(self, sparse: List[SparseGradient], local_step: tf.Tensor) -> List[Any]:
         """Updates the rows and slots of every `SparseGradient`; returns the write ops
@@ -243,7 +256,27 @@ class SparseApplier:
         clipped = clip(dense_grads + [s.grad for s in sparse])
         dense = list(zip(clipped[: len(dense)], [v for _, v in dense]))
         sparse = [s._replace(grad=g) for s, g in zip(sparse, clipped[len(dense) :])]
-        return dense, self.apply(sparse, local_step)
+        return dense, self.apply_synced(sparse, local_step)
+
+
+def _sum_by_key(params, keys, old_rows, exists, grads, counts) -> SparseGradient:
+    """One entry per distinct key: the first entry's old row and existence, the sum of
+    the gradients and of the counts (`counts` None: each entry counts once)."""
+    unique_keys, index = tf.unique(keys)
+    count = tf.size(unique_keys)
+    first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), index, count)
+    grad = tf.math.unsorted_segment_sum(grads, index, count)
+    if counts is None:
+        counts = tf.ones_like(index)
+    counts = tf.math.unsorted_segment_sum(counts, index, count)
+    return SparseGradient(
+        params,
+        unique_keys,
+        tf.gather(old_rows, first),
+        tf.gather(exists, first),
+        grad,
+        counts,
+    )
 
 
 def _masked(update: SparseGradient, mask: tf.Tensor) -> SparseGradient:
@@ -506,7 +539,7 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
             return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
         with tf.init_scope():  # long-lived state, also when traced in a tf.function
             self._dynemb.create_slots(shadows)
-            step = self._step_variable(shadows[0])
+            step = self._step_variable(_step_anchor(shadows[0]))
         local_step = tf.cast(step, tf.float32) + 1.0
         dense, writes = self._dynemb.step(pairs, local_step, _no_clip)
         with tf.control_dependencies(writes if _in_graph() else []):
@@ -546,6 +579,29 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
 
     def variables(self):
         return self.inner_optimizer.variables() + list(self._non_slot_dict.values())
+
+
+class _TableAnchor:
+    """Stands for a shard table's resource where TF's colocation expects a resource
+    variable (`colocate_with`, `is_resource_variable`)."""
+
+    _should_act_as_resource_variable = True
+
+    def __init__(self, handle: tf.Tensor):
+        self.handle = handle
+        self.graph = handle.graph
+        self.device = handle.device
+        self.name = handle.name
+
+
+def _step_anchor(view):
+    """What the wrapper's step counter is colocated with: in a TF1 graph, the first
+    shard table of the view's variable (a parameter server in a cluster, shared by all
+    workers and initialised by the chief, like TF1 Adam's beta powers); elsewhere the
+    view itself."""
+    if not _in_graph():
+        return view
+    return _TableAnchor(rows_of(view).params.tables[0].resource_handle)
 
 
 # ---------------------------------------------------------------------------------------

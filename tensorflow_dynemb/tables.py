@@ -127,7 +127,14 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
         # writes for TF Serving) must not be anonymous there: each run of an anonymous
         # handle op would make a new, empty table.
         anonymous = self._anonymous and not in_tf1_graph()
-        use_node_name_sharing = not anonymous and self._checkpoint and not self._shared_name
+        # Shared by node name when checkpointed (as tf.lookup's tables are), and always
+        # in a TF1 graph: there, the graphs of a cluster's workers name a table on a
+        # parameter server alike, and must all reach that one table (between-graph
+        # replication), as they reach one tf.Variable of that name. A local session has
+        # its own resources, so nothing else is shared by it.
+        use_node_name_sharing = (
+            not anonymous and not self._shared_name and (self._checkpoint or in_tf1_graph())
+        )
         attrs = dict(self._table_attrs)
         if _export_context.in_saved_model_save():
             # A SavedModel serves: its lookups must not change scores (docs/serving.md).

@@ -27,6 +27,7 @@ the buffer and read the tables directly, so they neither cost a copy nor grow it
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Optional, Tuple
 
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover - present in every supported TF (2.16-2.
     def _tape_may_record() -> bool:
         return True
 
-__all__ = ["TrainableRows", "rows_of", "tape_may_record"]
+__all__ = ["TrainableRows", "rows_of", "tape_may_record", "replica_key"]
 
 # The attribute of a trainable `tf.Variable` that points back to its TrainableRows.
 _OWNER_ATTR = "_dynemb_trainable_rows"
@@ -47,6 +48,34 @@ _OWNER_ATTR = "_dynemb_trainable_rows"
 def tape_may_record() -> bool:
     """Whether an eager lookup may be differentiated (a gradient tape is active)."""
     return _tape_may_record()
+
+
+def replica_key() -> Optional[int]:
+    """The replica of a `tf.distribute` strategy whose step this code builds (each
+    replica has its own views), or None outside a strategy's replica context."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    context = tf.distribute.get_replica_context()
+    replica = getattr(context, "_replica_id_in_sync_group", None)
+    if isinstance(replica, int):
+        return replica
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is None:
+        raise NotImplementedError(
+            "Training de.Variables needs a strategy whose replica ids are known while "
+            f"tracing (MirroredStrategy, ParameterServerStrategy); got {context.strategy!r}."
+        )
+    return int(replica)
+
+
+def _replica_device(replica: Optional[int]) -> Optional[str]:
+    """The device of `replica` of the current strategy (its views live there)."""
+    if replica is None or not tf.distribute.has_strategy():
+        return None
+    devices = tf.distribute.get_strategy().extended.worker_devices
+    if len(devices) > replica and len(devices) == tf.distribute.get_strategy().num_replicas_in_sync:
+        return devices[replica]
+    return None
 
 
 def rows_of(variable) -> Optional["TrainableRows"]:
@@ -68,21 +97,31 @@ class TrainableRows:
       exists: whether each key was stored in `params` when it was looked up.
     """
 
-    def __init__(self, params, name: str):
+    def __init__(self, params, name: str, replica: Optional[int] = None):
         if not params.value_dtype.is_floating:
             raise TypeError(
                 f"Training needs a floating-point value_dtype, but de.Variable "
                 f"{params.name!r} holds {params.value_dtype.name}."
             )
+        _refuse_parameter_server_strategy(params)
         self.params = params
         self.name = name
-        scope = f"{params._unique_name}/TrainableWrapper_{_scope_name(name)}"
+        # The tf.distribute replica whose lookups use these buffers (None: no strategy).
+        self.replica = replica
+        suffix = "" if replica is None else f"_replica_{replica}"
+        scope = f"{params._unique_name}/TrainableWrapper_{_scope_name(name)}{suffix}"
+        device = _replica_device(replica)
         # Created outside any tf.function being traced (like optimizer slots), so that
         # a lookup first traced inside a function still owns long-lived variables.
-        with tf.init_scope(), tf.name_scope(scope):
-            self.variable = _buffer(tf.zeros([0, params.dim], params.value_dtype), "rows", True)
-            self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False)
-            self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False)
+        with tf.init_scope(), tf.name_scope(scope), _maybe_device(device):
+            initial_rows = tf.zeros([0, params.dim], params.value_dtype)
+            # In a TF1 graph the buffers are local variables (see _buffer); they need
+            # no initialisation: every read of a step follows a write of that step.
+            local = _in_tf1_graph()
+            with _local_placement(initial_rows), _outside_strategy():
+                self.variable = _buffer(initial_rows, "rows", True, local)
+                self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False, local)
+                self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False, local)
         setattr(self.variable, _OWNER_ATTR, self)
         # Keras 3 reads these from every trainable weight (its own Variables have them).
         self.variable.regularizer = None
@@ -91,6 +130,7 @@ class TrainableRows:
         # Append-or-overwrite state (see the module docstring).
         self._pending_eager = False
         self._last_graph: Optional[weakref.ref] = None
+        self._previous_writes = []
 
     @property
     def pending(self) -> bool:
@@ -104,12 +144,15 @@ class TrainableRows:
         unique_ids, index = tf.unique(flat_ids)
         rows, exists = self.params.lookup(unique_ids, return_exists=True)
         if self._appends():
-            offset = tf.shape(self.ids, out_type=index.dtype)[0]
-            writes = [
-                self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
-                self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
-                self.variable.assign(tf.concat([self.variable.read_value(), rows], 0)),
-            ]
+            # In a TF1 graph, after the previous lookup's writes (nothing else orders
+            # them, and the buffers may not be initialised before the first write).
+            with tf.control_dependencies(_ops_of(self._previous_writes)):
+                offset = tf.shape(self.ids.read_value(), out_type=index.dtype)[0]
+                writes = [
+                    self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
+                    self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
+                    self.variable.assign(tf.concat([self.variable.read_value(), rows], 0)),
+                ]
             index = index + offset
         else:
             writes = [
@@ -118,6 +161,17 @@ class TrainableRows:
                 self.variable.assign(rows),
             ]
         with tf.control_dependencies(_ops_of(writes)):
+            # The gradient's indices are this tensor: `consume` then reads the buffers
+            # after these writes also when the gradient's values do not depend on the
+            # rows (a loss linear in them), which a TF1 graph would not order otherwise.
+            index = tf.identity(index)
+            self._previous_writes = writes
+            if _in_tf1_graph():
+                # Not `sparse_read`: its gradient reads the variable's shape, unordered,
+                # possibly before the first write of a local buffer initialised by
+                # nothing but a `local_init_op`. This gradient takes the shape of the
+                # read, which follows the writes.
+                return tf.gather(self.variable.read_value(), index)
             return self.variable.sparse_read(index)
 
     def _appends(self) -> bool:
@@ -160,11 +214,86 @@ def _scope_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "lookup"
 
 
-def _buffer(initial: tf.Tensor, name: str, trainable: bool):
-    """A resource variable whose first dimension changes with every assignment."""
+def _refuse_parameter_server_strategy(params) -> None:
+    """ParameterServerStrategy runs one function trace on every worker, concurrently;
+    the view's buffers would be one set of variables (on the coordinator) that all
+    workers write in the same step, so keys would be lost or updated twice. Refused
+    until views need no per-step state (see docs/scaling.md)."""
+    if not tf.distribute.has_strategy():
+        return
+    strategy = tf.distribute.get_strategy()
+    if "ParameterServerStrategy" in type(strategy).__name__:
+        raise NotImplementedError(
+            f"Training de.Variable {params.name!r} under {type(strategy).__name__} is not "
+            "supported yet: its workers would share one trainable view and race on it. "
+            "Use TF1 between-graph training (tf.compat.v1.train.replica_device_setter + "
+            "MonitoredTrainingSession, tables on /job:ps devices) or MirroredStrategy; "
+            "see docs/scaling.md."
+        )
+
+
+def _maybe_device(device: Optional[str]):
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _outside_strategy():
+    """Under a `tf.distribute` strategy, creates the buffers as plain local variables
+    instead of the strategy's (mirrored, or on a parameter server): they hold what one
+    replica looked up in one step, and the optimizer wrapper combines the replicas'
+    gradients by key itself (see `SparseApplier`). Without a strategy: no change."""
+    if not tf.distribute.has_strategy():
+        return contextlib.nullcontext()
+    from tensorflow.python.ops import resource_variable_ops
+
+    def local_creator(next_creator, **kwargs):
+        del next_creator  # the strategy's creator; a ResourceVariable is made directly
+        kwargs.pop("use_resource", None)
+        kwargs.pop("synchronization", None)
+        kwargs.pop("aggregation", None)
+        kwargs.pop("expected_shape", None)
+        kwargs.pop("experimental_enable_variable_lifting", None)
+        return resource_variable_ops.ResourceVariable(**kwargs)
+
+    return tf.variable_creator_scope(local_creator)
+
+
+def _in_tf1_graph() -> bool:
+    return not tf.executing_eagerly() and not tf.inside_function()
+
+
+def _local_placement(anchor: tf.Tensor):
+    """Where the buffers of a TF1 graph go: with `anchor`, an ordinary op made under
+    the caller's device scope. The buffers hold one step of one worker, so they must
+    live where the lookup is computed: device functions such as
+    `replica_device_setter` would otherwise put them, like every variable, on a
+    parameter server, where the workers of a cluster (whose graphs name them alike)
+    would share, and race on, one buffer. Elsewhere (eager, `tf.function`): no change."""
+    if not _in_tf1_graph():
+        return contextlib.nullcontext()
+    return tf.compat.v1.colocate_with(anchor.op)
+
+
+def _buffer(initial: tf.Tensor, name: str, trainable: bool, local: bool):
+    """A resource variable whose first dimension changes with every assignment.
+
+    With `local` (in a TF1 graph) it is a local variable
+    (`LOCAL_VARIABLES`, and `TRAINABLE_VARIABLES` for the rows, so that
+    `minimize(loss)` finds them): each worker initialises its own (`local_init_op`),
+    the chief does not wait for the other workers' buffers, and checkpoints do not
+    hold them (they carry no state between steps)."""
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
+    collections = None
+    if local:
+        collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+        if trainable:
+            collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     return tf.compat.v1.Variable(
-        initial, trainable=trainable, name=name, use_resource=True, shape=shape
+        initial,
+        trainable=trainable,
+        name=name,
+        use_resource=True,
+        shape=shape,
+        collections=collections,
     )
 
 

@@ -39,7 +39,7 @@ from tensorflow_dynemb.checkpoint import (
 )
 from tensorflow_dynemb import _export_context, variable_files
 from tensorflow_dynemb.initializers import make_row_initializer
-from tensorflow_dynemb.trainable import TrainableRows
+from tensorflow_dynemb.trainable import TrainableRows, replica_key
 from tensorflow_dynemb.sharding import (
     HashTableCreator,
     Partitioner,
@@ -618,10 +618,13 @@ class Variable(tf.Module):
             base, i = name, 1
             while name in self._trainables:
                 name, i = f"{base}_{i}", i + 1
-        rows = self._trainables.get(name)
+        # Under a tf.distribute strategy, every replica has its own view.
+        replica = replica_key()
+        key = _view_key(name, replica)
+        rows = self._trainables.get(key)
         if rows is None:
-            rows = TrainableRows(self, name)
-            self._trainables[name] = rows
+            rows = TrainableRows(self, name, replica=replica)
+            self._trainables[key] = rows
         return rows
 
     def get_trainable_by_name(self, name: str):
@@ -629,7 +632,7 @@ class Variable(tf.Module):
         or None if no such lookup ran yet. Pass it to an optimizer's `var_list` or to a
         tape. In a TF1 graph every lookup has its own view: the first one called `name`
         is `name`, later ones `name_1`, `name_2`, ..."""
-        rows = self._trainables.get(name)
+        rows = self._trainables.get(_view_key(name, replica_key()))
         return None if rows is None else rows.variable
 
     def get_eager_trainable_by_name(self, name: str):
@@ -794,6 +797,11 @@ class Variable(tf.Module):
             f"<de.Variable name={self.name!r} key_dtype={self._key_dtype.name} "
             f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>"
         )
+
+
+def _view_key(name: str, replica: Optional[int]) -> str:
+    """The key of a trainable view: its lookup name, and its replica under a strategy."""
+    return name if replica is None else f"{name}@replica{replica}"
 
 
 class _SlotList:

@@ -56,7 +56,7 @@ from tensorflow_dynemb.keras._compat import (
 from tensorflow_dynemb.lookup import embedding_lookup, embedding_lookup_unique
 from tensorflow_dynemb.optimizer import DynamicEmbeddingOptimizer, wrapped
 from tensorflow_dynemb.sharding import default_partition_fn
-from tensorflow_dynemb.trainable import rows_of, tape_may_record
+from tensorflow_dynemb.trainable import replica_key, rows_of, tape_may_record
 from tensorflow_dynemb.variable import Variable
 
 # Register the optimizer wrapper of this Keras, so that `load_model` finds it.
@@ -274,8 +274,9 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             self._step.eager_views = [view]
             return
         graph = tf.compat.v1.get_default_graph()
+        replica = replica_key()  # the replicas of a tf.distribute strategy trace one graph
         while True:
-            self._step.graph_views[graph] = [view]
+            self._step.graph_views.setdefault(graph, {})[replica] = [view]
             # A lookup inside a tf.cond / tf.while_loop body serves the enclosing graph.
             if not getattr(graph, "is_control_flow_graph", False):
                 break
@@ -289,7 +290,8 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             return []
         if tf.executing_eagerly():
             return [v for v in self._step.eager_views if _has_pending_rows(v)]
-        return list(self._step.graph_views.get(tf.compat.v1.get_default_graph(), []))
+        views = self._step.graph_views.get(tf.compat.v1.get_default_graph(), {})
+        return list(views.get(replica_key(), []))
 
     def _wrap_model_optimizer(self) -> None:
         """Switches the calling model's plain Keras optimizer to

@@ -1,0 +1,365 @@
+"""One task of a local cluster, for tests/test_distributed.py; not run by pytest.
+
+    python tests/dist_worker.py MODE '<json args>'
+
+Modes:
+  ps             a parameter server: `tf.distribute.Server(...).join()`.
+  tf1_train      a chief or worker of TF1 between-graph training: variables on the PS
+                 tasks, a `MonitoredTrainingSession` on this task's server.
+  tf1_restore    a chief that restores the checkpoint of `tf1_train` into a cluster with
+                 another number of PS (or, without a cluster, into one local shard).
+  tf1_inspect    a client of the PS servers only: reads the trained tables there.
+
+Prints one JSON object on the last line of stdout; an exception prints {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+DIM = 4
+NUM_KEYS = 48
+BATCH = 16
+SHARED_KEY = 1_000_003  # looked up by every task in every step (the bp_v2 check)
+LR = 0.25  # SGD: every step moves the shared counter by exactly -LR
+BIAS_SCALE = 0.05
+
+
+def targets(keys: np.ndarray) -> np.ndarray:
+    """What each key's row should learn."""
+    return np.sin(np.asarray(keys, np.float32)[:, None] * np.arange(1, DIM + 1) * 0.37).astype(
+        np.float32
+    )
+
+
+def batches(job: str, index: int, steps: int):
+    seed = {"chief": 0, "worker": 1 + index}.get(job, 100 + index)
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, NUM_KEYS, BATCH).astype(np.int64) for _ in range(steps)]
+
+
+def ps_devices(num_ps: int):
+    return [f"/job:ps/task:{i}" for i in range(num_ps)]
+
+
+# ----------------------------------------------------------------------------------------
+# TF1 graph model
+# ----------------------------------------------------------------------------------------
+
+
+class TF1Model:
+    """`emb` (the regression table), `counter` (one key, moved by -LR per step by every
+    task: with bp_v2 no task's update may be lost), a dense bias; SGD, bp_v2=True."""
+
+    def __init__(self, devices, worker_device=None, cluster=None):
+        import tensorflow as tf
+        import tensorflow_dynemb as de
+
+        setter = (
+            tf.compat.v1.train.replica_device_setter(worker_device=worker_device, cluster=cluster)
+            if cluster is not None
+            else None
+        )
+        with tf.compat.v1.device(setter):
+            self.emb = de.get_variable(
+                "emb",
+                dim=DIM,
+                devices=devices,
+                initializer=tf.keras.initializers.RandomNormal(0.0, 0.1, seed=3),
+            )
+            self.counter = de.get_variable("counter", dim=2, devices=devices, initializer=0.0)
+            self.bias = tf.compat.v1.get_variable("bias", initializer=tf.zeros([DIM]))
+            self.ids = tf.compat.v1.placeholder(tf.int64, [None])
+            rows = de.embedding_lookup(self.emb, self.ids, name="user")
+            pred = rows + BIAS_SCALE * self.bias
+            target = tf.math.sin(
+                tf.cast(self.ids, tf.float32)[:, None] * tf.range(1.0, DIM + 1.0) * 0.37
+            )
+            self.loss = 0.5 * tf.reduce_sum(tf.square(pred - target))
+            shared = de.embedding_lookup(
+                self.counter, tf.constant([SHARED_KEY], tf.int64), name="shared"
+            )
+            self.global_step = tf.compat.v1.train.get_or_create_global_step()
+            optimizer = de.DynamicEmbeddingOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(LR), bp_v2=True
+            )
+            self.train = optimizer.minimize(
+                self.loss + tf.reduce_sum(shared), global_step=self.global_step
+            )
+            all_keys = tf.range(NUM_KEYS, dtype=tf.int64)
+            all_pred = self.emb.lookup(all_keys) + BIAS_SCALE * self.bias
+            all_target = tf.constant(targets(np.arange(NUM_KEYS)))
+            self.eval_loss = tf.reduce_mean(tf.reduce_sum(tf.square(all_pred - all_target), 1))
+            self.state = state_tensors(self.emb, self.counter)
+
+
+def state_tensors(emb, counter):
+    import tensorflow as tf
+
+    keys, values = emb.export()
+    return {
+        "sizes": [emb.size(i) for i in range(emb.shard_num)],
+        "keys": keys,
+        "values": values,
+        "counter": counter.lookup(tf.constant([SHARED_KEY], tf.int64)),
+        "counter_size": counter.size(),
+    }
+
+
+def content(state):
+    """JSON-able state: rows by key."""
+    return {
+        "sizes": [int(s) for s in state["sizes"]],
+        "rows": {str(int(k)): [float(x) for x in v] for k, v in zip(state["keys"], state["values"])},
+        "counter": [float(x) for x in state["counter"][0]],
+        "counter_size": int(state["counter_size"]),
+    }
+
+
+def _server(args):
+    import tensorflow as tf
+
+    cluster = tf.train.ClusterSpec(args["cluster"])
+    return cluster, tf.distribute.Server(
+        cluster, job_name=args["job"], task_index=args["index"], start=True
+    )
+
+
+def _session_config(job, index):
+    import tensorflow as tf
+
+    return tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:{job}/task:{index}"])
+
+
+def tf1_train(args):
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    cluster, server = _server(args)
+    job, index = args["job"], args["index"]
+    is_chief = job == "chief"
+    workdir = args["workdir"]
+    steps = args["steps"]
+    num_ps = len(args["cluster"]["ps"])
+    model = TF1Model(ps_devices(num_ps), f"/job:{job}/task:{index}", cluster)
+    result = {"placement": {}}
+    for name, var in (("emb", model.emb), ("counter", model.counter)):
+        result["placement"][name] = [t.resource_handle.device for t in var.tables]
+    result["view_devices"] = [
+        v.device for v in tf.compat.v1.trainable_variables() if "TrainableWrapper" in v.name
+    ]
+    losses = []
+    done = 0
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        master=server.target,
+        is_chief=is_chief,
+        checkpoint_dir=os.path.join(workdir, "ckpt") if is_chief else None,
+        save_checkpoint_secs=3600,  # the chief saves when the session closes
+        config=_session_config(job, index),
+        log_step_count_steps=0,
+    ) as sess:
+        if is_chief:
+            losses.append(float(sess.run(model.eval_loss)))
+        for ids in batches(job, index, steps):
+            sess.run(model.train, {model.ids: ids})
+            done += 1
+            if args.get("pace"):
+                time.sleep(args["pace"])
+        result["steps"] = done
+        if is_chief:
+            # Everyone's updates are in before the final state and the checkpoint.
+            for w in range(len(args["cluster"].get("worker", []))):
+                path = os.path.join(workdir, f"done-worker{w}")
+                deadline = time.time() + 120
+                while not os.path.exists(path) and time.time() < deadline:
+                    time.sleep(0.05)
+                with open(path) as f:
+                    result.setdefault("worker_steps", []).append(int(f.read()))
+            losses.append(float(sess.run(model.eval_loss)))
+            result["state"] = content(sess.run(model.state))
+            result["global_step"] = int(sess.run(model.global_step))
+        else:
+            with open(os.path.join(workdir, f"done-{job}{index}.tmp"), "w") as f:
+                f.write(str(done))
+            os.rename(
+                os.path.join(workdir, f"done-{job}{index}.tmp"),
+                os.path.join(workdir, f"done-{job}{index}"),
+            )
+    result["eval_losses"] = losses
+    return result
+
+
+def tf1_failover(args):
+    """The chief alone trains until global step `last_step`, one paced step at a time,
+    checkpointing every `every` steps and writing its progress to `progress`; the test
+    kills a PS meanwhile, then restarts it. MonitoredTrainingSession recovers from the
+    UnavailableError by creating a new session, which waits for the PS and restores
+    the last checkpoint on every PS."""
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    cluster, server = _server(args)
+    num_ps = len(args["cluster"]["ps"])
+    model = TF1Model(ps_devices(num_ps), "/job:chief/task:0", cluster)
+    errors = []
+    final = {}
+
+    class Progress(tf.compat.v1.train.SessionRunHook):
+        def after_create_session(self, session, coord):
+            errors.append(("session", int(session.run(model.global_step))))
+
+        def end(self, session):
+            final.update(state=content(session.run(model.state)),
+                         global_step=int(session.run(model.global_step)))
+
+    steps = 0
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        master=server.target,
+        is_chief=True,
+        checkpoint_dir=os.path.join(args["workdir"], "failover"),
+        save_checkpoint_steps=args["every"],
+        config=_session_config("chief", 0),
+        hooks=[tf.compat.v1.train.StopAtStepHook(last_step=args["last_step"]), Progress()],
+        log_step_count_steps=0,
+    ) as sess:
+        batch = batches("chief", 0, 1)[0]
+        while not sess.should_stop():
+            sess.run(model.train, {model.ids: batch})
+            steps += 1
+            with open(args["progress"], "w") as f:
+                f.write(str(steps))
+            time.sleep(args["pace"])
+    return dict(final, steps_run=steps, sessions=errors)
+
+
+def tf1_restore(args):
+    """Restores `args["checkpoint_dir"]` into a cluster of this task (a chief) and the
+    given PS, or into a single process with one shard when no cluster is given."""
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    if args.get("cluster"):
+        cluster, server = _server(args)
+        num_ps = len(args["cluster"]["ps"])
+        model = TF1Model(ps_devices(num_ps), "/job:chief/task:0", cluster)
+        master, config = server.target, _session_config("chief", 0)
+    else:
+        model = TF1Model(["/CPU:0"])
+        master, config = "", None
+    scaffold = tf.compat.v1.train.Scaffold()
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        master=master,
+        is_chief=True,
+        checkpoint_dir=args["checkpoint_dir"],
+        save_checkpoint_steps=None,
+        save_checkpoint_secs=None,
+        save_summaries_steps=None,
+        save_summaries_secs=None,
+        config=config,
+        scaffold=scaffold,
+    ) as sess:
+        return {
+            "state": content(sess.run(model.state)),
+            "global_step": int(sess.run(model.global_step)),
+            "eval_loss": float(sess.run(model.eval_loss)),
+        }
+
+
+def tf1_inspect(args):
+    """A fresh graph naming the same tables, run on the PS servers only: what the PS
+    processes hold."""
+    import tensorflow as tf
+    import tensorflow_dynemb as de
+
+    tf.compat.v1.disable_eager_execution()
+    num_ps = len(args["cluster"]["ps"])
+    emb = de.get_variable("emb", dim=DIM, devices=ps_devices(num_ps))
+    counter = de.get_variable("counter", dim=2, devices=ps_devices(num_ps))
+    state = state_tensors(emb, counter)
+    target = "grpc://" + args["cluster"]["ps"][0]
+    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
+    with tf.compat.v1.Session(target, config=config) as sess:
+        return {"state": content(sess.run(state))}
+
+
+def ps(args):
+    import tensorflow as tf
+    import tensorflow_dynemb  # noqa: F401  (registers the table ops and kernels here)
+
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(args["cluster"]), job_name="ps", task_index=args["index"], start=True
+    )
+    print("ps started", flush=True)
+    server.join()
+
+
+def pss_custom_loop(args):
+    """The coordinator of a ParameterServerStrategy cluster: a ClusterCoordinator custom
+    loop training a de.Variable on the PS tasks. Returns the error it raises."""
+    import tensorflow as tf
+    import tensorflow_dynemb as de
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(args["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc"
+    )
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        emb = de.Variable(
+            tf.int64, tf.float32, dim=2, devices=ps_devices(len(args["cluster"]["ps"])),
+            name="pss_emb", bp_v2=True,
+        )
+        optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.25))
+    placement = [t.resource_handle.device for t in emb.tables]
+
+    @tf.function
+    def step(ids):
+        def replica_fn(ids):
+            with tf.GradientTape() as tape:
+                rows, view = de.embedding_lookup(emb, ids, name="u", return_trainable=True)
+                loss = tf.reduce_sum(rows)
+            optimizer.apply_gradients(zip(tape.gradient(loss, [view]), [view]))
+
+        strategy.run(replica_fn, args=(ids,))
+
+    try:
+        coordinator.schedule(step, args=(tf.constant([1, 2], tf.int64),))
+        coordinator.join()
+    except NotImplementedError as e:
+        return {"placement": placement, "raised": str(e)}
+    return {"placement": placement, "raised": None}
+
+
+def server(args):
+    """A worker (or any task) of a ParameterServerStrategy cluster: a server only."""
+    import tensorflow as tf
+    import tensorflow_dynemb  # noqa: F401  (registers the table ops and kernels here)
+
+    tf.distribute.Server(
+        tf.train.ClusterSpec(args["cluster"]),
+        job_name=args["job"],
+        task_index=args["index"],
+        start=True,
+    ).join()
+
+
+MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
+
+
+def main(argv):
+    mode, args = argv[1], json.loads(argv[2])
+    try:
+        result = MODES[mode](args)
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

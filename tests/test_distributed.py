@@ -1,0 +1,282 @@
+"""Distributed training: a real local cluster (every task its own process running
+`tf.distribute.Server` on a loopback port, see `cluster_util.py` / `dist_worker.py`).
+
+TF1 between-graph replication (1 chief, 2 workers, 2 PS): the tables and their slots
+live on the PS tasks, each worker's trainable views on the worker; asynchronous
+workers with bp_v2 all count; training converges; the content the PS hold is what
+the chief saw; the checkpoint restores into one local shard and into a cluster of
+3 PS; a PS killed and restarted mid-training: the session waits, then restores the
+last checkpoint. MirroredStrategy (one process, 2 logical CPUs): synchronous training
+equal to one device on the whole batch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cluster_util as cu
+import dist_worker as dw
+import tensorflow_dynemb as de
+from _tables_util import temp_workdir
+
+TIMEOUT = 150  # seconds for one task; the whole module stays well under 3 minutes
+
+TASKS = [("chief", 0), ("worker", 0), ("worker", 1)]
+STEPS = 30
+
+
+def _expected_shard_sizes(num_shards: int):
+    keys = np.unique(np.concatenate([np.concatenate(dw.batches(j, i, STEPS)) for j, i in TASKS]))
+    shards = de.default_partition_fn(tf.constant(keys), num_shards).numpy()
+    return [int(np.sum(shards == s)) for s in range(num_shards)]
+
+
+@functools.lru_cache(maxsize=None)
+def tf1_results():
+    """Trains on a 1 chief / 2 workers / 2 PS cluster, then, concurrently: inspects the
+    PS from a fresh client, restores the checkpoint in one local process (1 shard)
+    and in a new cluster with 3 PS."""
+    workdir = temp_workdir()
+    with cu.LocalCluster(cu.make_cluster(2, 2), workdir, "tf1") as cluster:
+        procs = {f"{j}{i}": (cluster.run_task("tf1_train", j, i, steps=STEPS), cluster.log(j, i))
+                 for j, i in TASKS}
+        train = {name: cu.result_of(p, log, TIMEOUT) for name, (p, log) in procs.items()}
+        ckpt = f"{workdir}/ckpt"
+        inspect_log = f"{workdir}/inspect.log"
+        inspect = cu.start("tf1_inspect", {"cluster": cluster.spec}, inspect_log)
+        local_log = f"{workdir}/restore-local.log"
+        local = cu.start("tf1_restore", {"checkpoint_dir": ckpt}, local_log)
+        with cu.LocalCluster(cu.make_cluster(0, 3), workdir, "tf1r3") as cluster3:
+            restored3 = cu.result_of(
+                cluster3.run_task("tf1_restore", "chief", 0, checkpoint_dir=ckpt),
+                cluster3.log("chief", 0),
+                TIMEOUT,
+            )
+        return {
+            "train": train,
+            "inspect": cu.result_of(inspect, inspect_log, TIMEOUT),
+            "local": cu.result_of(local, local_log, TIMEOUT),
+            "cluster3": restored3,
+        }
+
+
+def assert_same_content(got, expected):
+    assert set(got["rows"]) == set(expected["rows"])
+    for key, row in expected["rows"].items():
+        np.testing.assert_array_equal(got["rows"][key], row, err_msg=f"key {key}")
+    np.testing.assert_array_equal(got["counter"], expected["counter"])
+
+
+def test_tf1_tables_on_ps_views_on_workers():
+    train = tf1_results()["train"]
+    for name, (job, index) in zip(train, TASKS):
+        for var in ("emb", "counter"):
+            assert train[name]["placement"][var] == ["/job:ps/task:0", "/job:ps/task:1"]
+        # Each task's trainable views are its own (a shared one would race).
+        assert train[name]["view_devices"] == [f"/job:{job}/task:{index}"] * 2
+
+
+def test_tf1_shard_sizes_per_ps_and_convergence():
+    train = tf1_results()["train"]["chief0"]
+    assert train["state"]["sizes"] == _expected_shard_sizes(2)
+    assert min(train["state"]["sizes"]) > 0
+    initial, final = train["eval_losses"]
+    assert final < 0.01 * initial, (initial, final)
+    assert train["global_step"] == STEPS * len(TASKS)
+
+
+def test_tf1_async_workers_bp_v2_all_count():
+    """Every task moves one shared key by exactly -LR per step, concurrently: with
+    bp_v2 (accum) no update is lost."""
+    results = tf1_results()["train"]
+    chief = results["chief0"]
+    total = chief["steps"] + sum(chief["worker_steps"])
+    assert total == STEPS * len(TASKS)
+    assert chief["state"]["counter"] == [-dw.LR * total] * 2
+    assert chief["state"]["counter_size"] == 1
+
+
+def test_tf1_content_lives_on_the_ps():
+    results = tf1_results()
+    inspected = results["inspect"]["state"]
+    assert inspected["sizes"] == results["train"]["chief0"]["state"]["sizes"]
+    assert_same_content(inspected, results["train"]["chief0"]["state"])
+
+
+@pytest.mark.parametrize("where", ["local", "cluster3"])
+def test_tf1_checkpoint_restores_into_other_shardings(where):
+    results = tf1_results()
+    trained = results["train"]["chief0"]
+    restored = results[where]
+    assert_same_content(restored["state"], trained["state"])
+    assert restored["global_step"] == trained["global_step"]
+    expected_sizes = _expected_shard_sizes(1 if where == "local" else 3)
+    assert restored["state"]["sizes"] == expected_sizes
+    np.testing.assert_allclose(restored["eval_loss"], trained["eval_losses"][-1], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------
+# MirroredStrategy: one process, 2 logical CPUs (conftest.py makes 3), synchronous
+# ----------------------------------------------------------------------------------------
+
+# Ids per global batch of 4 examples: replica 0 gets the first 2 rows, replica 1 the
+# last 2; ids 1 and 2 are in both replicas' halves (their gradients must add up).
+MIRRORED_IDS = np.array(
+    [[[1, 2], [3, 1], [1, 5], [2, 2]], [[7, 1], [2, 3], [1, 1], [5, 7]], [[2, 9], [1, 3], [9, 2], [1, 2]]],
+    np.int64,
+)
+MIRRORED_LABELS = np.array([[1.0], [0.0], [0.5], [-1.0]], np.float32)
+
+
+def _keras_model(strategy):
+    with strategy.scope():
+        ids = tf.keras.Input(shape=(2,), dtype="int64")
+        x = de.keras.layers.Embedding(
+            3, initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=4), name="user"
+        )(ids)
+        out = tf.keras.layers.Dense(1, kernel_initializer="ones")(tf.keras.layers.Flatten()(x))
+        model = tf.keras.Model(ids, out)
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.1), loss="mse")
+    return model
+
+
+def _table(variable):
+    keys, values = variable.export()
+    order = np.argsort(keys.numpy())
+    return keys.numpy()[order], values.numpy()[order]
+
+
+def test_mirrored_keras_fit_matches_one_device():
+    """model.fit with a 2-replica MirroredStrategy trains exactly as one device on the
+    whole batch: every replica's ids are looked up, their gradients summed per id over
+    the replicas and applied once (Adam's slots too, or the second step would differ)."""
+    x = MIRRORED_IDS.reshape(-1, 2)
+    y = np.tile(MIRRORED_LABELS, (len(MIRRORED_IDS), 1))
+    runs = {}
+    for name, strategy in (
+        ("mirrored", tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])),
+        ("one", tf.distribute.get_strategy()),
+    ):
+        model = _keras_model(strategy)
+        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        layer = model.get_layer("user")
+        runs[name] = (history.history["loss"], _table(layer.params), model.layers[-1].get_weights())
+        slots = layer.params.slot_variables
+        runs[name] += ([int(s.size()) for s in slots],)
+    assert runs["mirrored"][1][0].tolist() == runs["one"][1][0].tolist() == [1, 2, 3, 5, 7, 9]
+    np.testing.assert_allclose(runs["mirrored"][0], runs["one"][0], rtol=1e-5)
+    np.testing.assert_allclose(runs["mirrored"][1][1], runs["one"][1][1], rtol=1e-5, atol=1e-6)
+    for got, expected in zip(runs["mirrored"][2], runs["one"][2]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert runs["mirrored"][3] == runs["one"][3] == [6, 6]
+
+
+def test_mirrored_custom_loop_sums_duplicates_across_replicas():
+    """strategy.run of a lookup, a tape and apply_gradients: an id looked up by both
+    replicas moves by the sum of both gradients, once (SGD: exactly computable)."""
+    strategy = tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])
+    with strategy.scope():
+        emb = de.Variable(tf.int64, tf.float32, dim=2, initializer=1.0, name="mirrored_emb")
+        optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+    # Replica 0 looks up [4, 4, 6], replica 1 [4, 8]; loss = sum of rows * weight.
+    per_replica_ids = [tf.constant([4, 4, 6], tf.int64), tf.constant([4, 8], tf.int64)]
+    weights = [1.0, 3.0]
+
+    @tf.function
+    def step():
+        def replica_fn():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            ids = tf.cond(tf.equal(replica, 0), lambda: tf.pad(per_replica_ids[0], [[0, 0]]),
+                          lambda: tf.pad(per_replica_ids[1], [[0, 1]], constant_values=8))
+            weight = tf.gather(tf.constant(weights), replica)
+            with tf.GradientTape() as tape:
+                rows, view = de.embedding_lookup(emb, ids, name="e", return_trainable=True)
+                loss = tf.reduce_sum(rows) * weight
+            grads = tape.gradient(loss, [view])
+            optimizer.apply_gradients(zip(grads, [view]))
+            return loss
+
+        return strategy.run(replica_fn)
+
+    step()
+    keys, values = _table(emb)
+    assert keys.tolist() == [4, 6, 8]
+    # id 4: twice in replica 0 (weight 1), once in replica 1 (weight 3): grad 5;
+    # id 6: once, weight 1; id 8: twice in replica 1 (padded), weight 3: grad 6.
+    np.testing.assert_array_equal(values, [[1 - 0.5 * 5] * 2, [1 - 0.5 * 1] * 2, [1 - 0.5 * 6] * 2])
+    assert int(optimizer.iterations.numpy()) == 1
+
+
+# ----------------------------------------------------------------------------------------
+# A parameter server dies mid-training (TF1)
+# ----------------------------------------------------------------------------------------
+
+
+def test_tf1_ps_killed_mid_training_waits_and_recovers_from_checkpoint():
+    """A PS process is killed after some steps and restarted 2 s later on its port:
+    MonitoredTrainingSession gets an UnavailableError, opens a new session (which waits
+    for the PS), restores the last checkpoint on every PS (the surviving one too) and
+    finishes. Nothing saved is lost, and tables, slots and the global step stay
+    consistent: the shared key moved exactly -LR per counted global step."""
+    import os
+    import time
+
+    workdir = temp_workdir()
+    with cu.LocalCluster(cu.make_cluster(0, 2), workdir, "fail") as cluster:
+        progress = os.path.join(workdir, "progress")
+        chief = cluster.run_task(
+            "tf1_failover", "chief", 0, last_step=40, every=5, pace=0.05, progress=progress
+        )
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and chief.poll() is None:
+            if os.path.exists(progress) and int(open(progress).read() or 0) >= 12:
+                break
+            time.sleep(0.05)
+        cluster.kill_ps(1)
+        time.sleep(2.0)
+        cluster.restart_ps(1)
+        result = cu.result_of(chief, cluster.log("chief", 0), TIMEOUT)
+    assert result["global_step"] == 40
+    # A second session was made, starting from a checkpoint (a multiple of 5 steps).
+    assert len(result["sessions"]) == 2, result["sessions"]
+    restored_step = result["sessions"][1][1]
+    assert restored_step % 5 == 0 and restored_step >= 10
+    # The steps after that checkpoint were rolled back and run again.
+    assert result["steps_run"] >= 40
+    assert result["state"]["counter"] == [-dw.LR * 40] * 2
+    assert sum(result["state"]["sizes"]) > 0
+
+
+# ----------------------------------------------------------------------------------------
+# ParameterServerStrategy: refused with a clear error (docs/scaling.md says why)
+# ----------------------------------------------------------------------------------------
+
+
+def test_parameter_server_strategy_is_refused_clearly():
+    """Tables are created on the PS tasks, but training refuses: the workers would
+    share one trainable view (on the coordinator) and race on it (measured: keys lost
+    and keys updated twice with 2 workers)."""
+    workdir = temp_workdir()
+    with cu.LocalCluster(cu.make_cluster(2, 2), workdir, "pss") as cluster:
+        workers = [
+            cu.start("server", {"cluster": cluster.spec, "job": "worker", "index": i},
+                     cluster.log("worker", i))
+            for i in range(2)
+        ]
+        try:
+            result = cu.result_of(
+                cluster.run_task("pss_custom_loop", "chief", 0), cluster.log("chief", 0), TIMEOUT
+            )
+        finally:
+            for proc in workers:
+                cu._kill(proc)
+    assert result["placement"] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
+    assert result["raised"] is not None
+    assert "ParameterServerStrategy" in result["raised"] and "scaling.md" in result["raised"]
