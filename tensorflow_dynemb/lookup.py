@@ -139,6 +139,13 @@ def _unique_rows(
     params: Variable, flat_ids: tf.Tensor, max_norm: Any, return_trainable: bool, name: str
 ) -> Tuple[tf.Tensor, Any]:
     """`[n, dim]` rows of the 1-D `flat_ids`, each distinct id looked up once."""
+    if max_norm is None and not _export_context.read_only() and (
+        return_trainable or _may_train(params)
+    ):
+        # A read through the trainable view deduplicates the ids itself: a tf.unique
+        # here would only be repeated there, and its gather's gradient would be
+        # densified into the view's gradient by one more segment sum.
+        return _lookup_rows(params, flat_ids, return_trainable, name)
     unique_ids, index = tf.unique(flat_ids)
     rows, trainable = _lookup_rows(params, unique_ids, return_trainable, name)
     return tf.gather(_clip(rows, max_norm), index), trainable
