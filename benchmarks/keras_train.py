@@ -23,7 +23,11 @@ both see the same load):
   too in that comparison).
 
 Throughput: examples/s over the steps after `--warmup` (from the end of the warm-up
-step to the return of `fit`, which waits for the last step).
+step to the return of `fit`, which waits for the last step). Regimes: by default every
+batch is new (the tables keep growing); `--steady` cycles the measured steps over the
+warm-up's batches, so no key is new (later epochs). TF's default thread pools unless
+`--threads` / `--inter-threads` are given. Results: a JSON file per (TF version, layout,
+regime) in benchmarks/results, read by `benchmarks/report.py`.
 """
 
 from __future__ import annotations
@@ -184,6 +188,13 @@ def _tfra_available():
         return False
 
 
+def _median(xs):
+    """The median (the mean of the middle two for an even count)."""
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
 def _loadavg():
     try:
         return float(open("/proc/loadavg").read().split()[0])
@@ -252,7 +263,7 @@ def main():
     for impl in impls:
         rates = sorted(r["examples_per_s"] for r in runs if r["impl"] == impl and "error" not in r)
         if rates:
-            summary[impl] = {"examples_per_s": rates, "median": rates[len(rates) // 2]}
+            summary[impl] = {"examples_per_s": rates, "median": _median(rates)}
     ratios = []
     if "ours" in impls and "tfra" in impls:
         for r in range(args.rounds):
@@ -262,7 +273,7 @@ def main():
         ratios.sort()
         summary["ratio_ours_over_tfra"] = ratios
         if ratios:
-            med = ratios[len(ratios) // 2]
+            med = _median(ratios)
             summary["ratio_median"] = med
             verdict = "PASS" if med >= 3.0 else "FAIL"
             print(f"ours / TFRA per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
