@@ -140,8 +140,10 @@ def _unique_rows(
 ) -> Tuple[tf.Tensor, Any]:
     """`[n, dim]` rows of the 1-D `flat_ids`, each distinct id looked up once."""
     if return_trainable or _may_train(params):
-        # The trainable view looks each distinct id up once itself, and keeps one
-        # gradient entry per occurrence (admission counts occurrences).
+        # The trainable view looks each distinct id up once itself: a tf.unique here
+        # would be repeated there, and its gather's gradient densified by one more
+        # segment sum. The view keeps one gradient entry per occurrence, which
+        # admission counts.
         rows, trainable = _lookup_rows(params, flat_ids, return_trainable, name)
         return _clip(rows, max_norm), trainable
     unique_ids, index = tf.unique(flat_ids)

@@ -164,6 +164,16 @@ class SparseApplier:
     @staticmethod
     def summed(parts: List[Tuple[TrainableRows, Any]]) -> SparseGradient:
         """One gradient row per distinct key from every lookup of one de.Variable."""
+        rows, grad = parts[0]
+        if len(parts) == 1 and isinstance(grad, tf.IndexedSlices) and rows.holds_one_lookup():
+            # The common case (one lookup of the variable in the step): the buffer's
+            # ids are already distinct and in first-occurrence order, which is the
+            # order tf.unique below would give, so sum the gradient per buffer row.
+            keys, old_rows, exists, grad_sum, index = rows.consume_distinct(grad)
+            counts = tf.math.unsorted_segment_sum(
+                tf.ones_like(index), index, tf.shape(keys, out_type=index.dtype)[0]
+            )
+            return SparseGradient(rows.params, keys, old_rows, exists, grad_sum, counts)
         consumed = [rows.consume(grad) for rows, grad in parts]
         keys, old_rows, exists, grads = (
             tf.concat([c[i] for c in consumed], 0) if len(consumed) > 1 else consumed[0][i]

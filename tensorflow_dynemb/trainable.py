@@ -127,10 +127,14 @@ class TrainableRows:
         self.variable.regularizer = None
         if not hasattr(self.variable, "constraint"):
             self.variable.constraint = None
-        # Append-or-overwrite state (see the module docstring).
+        # Append-or-overwrite state (see the module docstring), and how many lookups
+        # the buffer holds (eagerly, or in `_last_graph`): with one, its ids are
+        # distinct, which lets the optimizer skip re-deduplicating them.
         self._pending_eager = False
+        self._eager_lookups = 0
         self._last_graph: Optional[weakref.ref] = None
         self._previous_writes = []
+        self._graph_lookups = 0
 
     @property
     def pending(self) -> bool:
@@ -180,11 +184,25 @@ class TrainableRows:
         if tf.executing_eagerly():
             appends = self._pending_eager
             self._pending_eager = True
+            self._eager_lookups = self._eager_lookups + 1 if appends else 1
             return appends
         graph = tf.compat.v1.get_default_graph()
         appends = self._last_graph is not None and self._last_graph() is graph
         self._last_graph = weakref.ref(graph)
+        self._graph_lookups = self._graph_lookups + 1 if appends else 1
         return appends
+
+    def holds_one_lookup(self) -> bool:
+        """Whether the buffer, as the current graph (or eager context) sees it, was
+        written by exactly one lookup, so that its `ids` are distinct."""
+        if tf.executing_eagerly():
+            return self._pending_eager and self._eager_lookups == 1
+        graph = tf.compat.v1.get_default_graph()
+        return (
+            self._last_graph is not None
+            and self._last_graph() is graph
+            and self._graph_lookups == 1
+        )
 
     # -- the optimizer side ----------------------------------------------------------------
 
@@ -205,6 +223,21 @@ class TrainableRows:
         if tf.executing_eagerly():
             self._pending_eager = False
         return keys, old_rows, exists, values
+
+    def consume_distinct(self, gradient: tf.IndexedSlices):
+        """`consume` for a buffer of distinct ids (`holds_one_lookup()`): the buffer's
+        keys, rows and existence as they are, the gradient summed per buffer row
+        (`[rows, dim]`), and the buffer rows each gradient row adds to (`[n]`)."""
+        values, index = gradient.values, gradient.indices
+        with tf.control_dependencies([values, index]):
+            keys = self.ids.read_value()
+            old_rows = self.variable.read_value()
+            exists = self.exists.read_value()
+        count = tf.shape(keys, out_type=index.dtype)[0]
+        grad = tf.math.unsorted_segment_sum(values, index, count)
+        if tf.executing_eagerly():
+            self._pending_eager = False
+        return keys, old_rows, exists, grad, index
 
     def __repr__(self) -> str:
         return f"<de.TrainableRows of {self.params.name!r} name={self.name!r}>"

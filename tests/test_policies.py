@@ -140,6 +140,19 @@ def test_admission_needs_min_count_occurrences():
     assert content(var._admit.counts) == {}
 
 
+def test_admission_counts_every_occurrence_through_embedding_lookup_unique():
+    # The unique lookup (what Keras layers use by default) counts like the plain one.
+    var = de.Variable(dim=1, admit_policy=de.FrequencyAdmitPolicy(3), initializer=1.0)
+    optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.5))
+    for ids in ([1, 1, 2], [1, 2]):
+        ids = tf.constant(ids, tf.int64)
+        with tf.GradientTape() as tape:
+            rows, trainable = de.embedding_lookup_unique(var, ids, name="u", return_trainable=True)
+            loss = tf.reduce_sum(rows)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [trainable]), [trainable]))
+    assert {k: v.tolist() for k, v in content(var).items()} == {1: [0.5]}
+
+
 def test_admission_with_one_admits_everything_and_counts_are_bounded():
     var = de.Variable(dim=1, admit_policy=de.FrequencyAdmitPolicy(1))
     optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.5))

@@ -1,0 +1,310 @@
+"""End-to-end Keras training throughput: ours beside TFRA, same model, same data.
+
+    python benchmarks/keras_train.py [--impls ours,tfra] [--layout per-feature|shared]
+        [--rounds 3] [--warmup 20] [--steps 150] [--out benchmarks/results/keras_train_<tag>.json]
+
+Model (Criteo-like): 26 categorical features, each an int64 id drawn with power-law
+(Zipf-like, exponent 1.1) frequencies over 5,000,000 values and scattered over the
+int64 range; dynamic embeddings of dim 16; the 26 rows concatenated into an MLP
+64-32-1 (relu, relu, logit); binary cross-entropy; Adam(1e-3) wrapped in each library's
+`DynamicEmbeddingOptimizer`; batch 4096; `model.fit` over a `tf.data` pipeline of
+pre-generated batches (the same seeded batches for every implementation).
+
+Layouts: `per-feature` (default): one embedding layer (table) per feature, as DLRM and
+the demo do; `shared`: one layer over a `[batch, 26]` input, with the feature number
+in the key's high bits.
+
+Implementations (one fresh child process each, alternated `--rounds` times so that
+both see the same load):
+- `ours`: `tensorflow_dynemb.keras.layers.Embedding` + `de.DynamicEmbeddingOptimizer`.
+- `tfra`: `tensorflow_recommenders_addons.dynamic_embedding.keras.layers.Embedding` +
+  TFRA's `DynamicEmbeddingOptimizer` (needs TF 2.16 and `TF_USE_LEGACY_KERAS=1`; the
+  script sets it for every child when TFRA is importable, so ours runs under tf_keras
+  too in that comparison).
+
+Throughput: examples/s over the steps after `--warmup` (from the end of the warm-up
+step to the return of `fit`, which waits for the last step). Regimes: by default every
+batch is new (the tables keep growing); `--steady` cycles the measured steps over the
+warm-up's batches, so no key is new (later epochs). TF's default thread pools unless
+`--threads` / `--inter-threads` are given. Results: a JSON file per (TF version, layout,
+regime) in benchmarks/results, read by `benchmarks/report.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+FEATURES = 26
+VOCAB = 5_000_000
+ZIPF = 1.1
+DIM = 16
+BATCH = 4096
+
+
+# ---------------------------------------------------------------------------------------
+# Data (numpy only)
+# ---------------------------------------------------------------------------------------
+
+
+def power_law_ids(rng, n, vocab=VOCAB, s=ZIPF):
+    """`n` ranks in [1, vocab] with P(rank k) ~ k^-s (continuous inverse CDF)."""
+    import numpy as np
+
+    u = rng.random(n)
+    a = 1.0 - s
+    ranks = np.floor(((vocab ** a - 1.0) * u + 1.0) ** (1.0 / a)).astype(np.int64)
+    return np.clip(ranks, 1, vocab)
+
+
+def make_batches(steps, seed=0, layout="per-feature"):
+    """`ids [steps, BATCH, FEATURES]` int64 and `labels [steps, BATCH, 1]` float32."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ranks = power_law_ids(rng, steps * BATCH * FEATURES).reshape(steps, BATCH, FEATURES)
+    feature = np.arange(FEATURES, dtype=np.uint64)
+    # Scatter ranks over the key space, differently per feature (a hash, as in real logs).
+    with np.errstate(over="ignore"):
+        mixed = (ranks.astype(np.uint64) + (feature << np.uint64(32))) * np.uint64(0x9E3779B97F4A7C15)
+    ids = (mixed >> np.uint64(1)).astype(np.int64)
+    if layout == "shared":  # feature number in the high bits: one table holds all
+        ids = (ids & np.int64((1 << 56) - 1)) | (feature.astype(np.int64) << 56)
+    labels = (rng.random((steps, BATCH, 1)) < 0.25).astype(np.float32)
+    return ids, labels
+
+
+# ---------------------------------------------------------------------------------------
+# One implementation, in this process
+# ---------------------------------------------------------------------------------------
+
+
+def build_model(impl, layout):
+    import tensorflow as tf
+
+    if impl == "ours":
+        import tensorflow_dynemb as de
+
+        layer_cls = de.keras.layers.Embedding
+        wrap = de.DynamicEmbeddingOptimizer
+    else:
+        import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
+
+        layer_cls = tfra_de.keras.layers.Embedding
+        wrap = tfra_de.DynamicEmbeddingOptimizer
+    keras = tf.keras
+    init = keras.initializers.RandomNormal(0.0, 0.01)
+    if layout == "shared":
+        inputs = keras.Input(shape=(FEATURES,), dtype="int64", name="ids")
+        rows = layer_cls(DIM, initializer=init, name="emb")(inputs)
+        x = keras.layers.Flatten()(rows)
+        model_inputs = inputs
+    else:
+        model_inputs = [keras.Input(shape=(1,), dtype="int64", name=f"f{i}") for i in range(FEATURES)]
+        rows = [layer_cls(DIM, initializer=init, name=f"emb{i}")(x) for i, x in enumerate(model_inputs)]
+        x = keras.layers.Flatten()(keras.layers.Concatenate(axis=1)(rows))
+    x = keras.layers.Dense(64, activation="relu")(x)
+    x = keras.layers.Dense(32, activation="relu")(x)
+    logits = keras.layers.Dense(1)(x)
+    model = keras.Model(model_inputs, logits)
+    model.compile(
+        optimizer=wrap(keras.optimizers.Adam(1e-3)),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def run_child(args):
+    import numpy as np
+    import tensorflow as tf
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    if args.inter_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
+    total = args.warmup + args.steps
+    distinct = args.distinct_batches or total
+    ids, labels = make_batches(distinct, seed=args.seed, layout=args.layout)
+    if args.layout == "shared":
+        features = ids
+    else:
+        features = tuple(np.ascontiguousarray(ids[:, :, i : i + 1]) for i in range(FEATURES))
+    ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().prefetch(2)
+    model = build_model(args.impl, args.layout)
+
+    marks = {}
+
+    class Timer(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == args.warmup - 1:
+                marks["warm"] = time.perf_counter()
+
+    t0 = time.perf_counter()
+    history = model.fit(ds, epochs=1, steps_per_epoch=total, verbose=0, callbacks=[Timer()])
+    end = time.perf_counter()
+    secs = end - marks["warm"]
+    if args.impl == "ours":
+        sizes = [int(l.params.size()) for l in model.layers if hasattr(l, "params")]
+    else:
+        sizes = [int(l.params.size()) for l in model.layers if hasattr(l, "params")]
+    result = {
+        "impl": args.impl,
+        "layout": args.layout,
+        "tf": tf.__version__,
+        "keras": tf.keras.__name__ if hasattr(tf.keras, "__name__") else "",
+        "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS") == "1",
+        "warmup_steps": args.warmup,
+        "distinct_batches": distinct,
+        "steps": args.steps,
+        "batch": BATCH,
+        "seconds": secs,
+        "warmup_seconds": marks["warm"] - t0,
+        "steps_per_s": args.steps / secs,
+        "examples_per_s": args.steps * BATCH / secs,
+        "final_loss": float(history.history["loss"][-1]),
+        "table_keys": int(sum(sizes)),
+        "cpu_seconds": time.process_time(),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Parent: alternate children, compare
+# ---------------------------------------------------------------------------------------
+
+
+def _tfra_available():
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+    except Exception:
+        return False
+
+
+def _median(xs):
+    """The median (the mean of the middle two for an even count)."""
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def _loadavg():
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except OSError:
+        return None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impls", default=None, help="comma list of ours,tfra (default: ours, and tfra if installed)")
+    p.add_argument("--layout", default="per-feature", choices=["per-feature", "shared"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distinct-batches", type=int, default=0,
+                   help="cycle over this many generated batches (0: warmup + steps, all fresh)")
+    p.add_argument("--steady", action="store_true",
+                   help="steady state: --distinct-batches = --warmup, so the measured steps "
+                        "revisit ids the warm-up inserted (no table growth)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TF's default)")
+    p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads (0: TF's default)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.steady:
+        args.distinct_batches = args.warmup
+    if args.child:
+        args.impl = args.child
+        run_child(args)
+        return
+
+    tfra = _tfra_available()
+    impls = args.impls.split(",") if args.impls else (["ours", "tfra"] if tfra else ["ours"])
+    env = dict(os.environ)
+    if tfra:  # TFRA's layers and optimizer need tf_keras: run every child under it
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    load_start = _loadavg()
+    runs = []
+    for r in range(args.rounds):
+        order = impls if r % 2 == 0 else list(reversed(impls))
+        for impl in order:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--layout", args.layout,
+                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--seed", str(args.seed),
+                   "--distinct-batches", str(args.distinct_batches),
+                   "--threads", str(args.threads), "--inter-threads", str(args.inter_threads)]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+            if proc.returncode != 0 or not line:
+                print(f"{impl}: child failed (rc {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
+                runs.append({"impl": impl, "round": r, "error": proc.stderr[-3000:]})
+                continue
+            res = json.loads(line[0][len("RESULT "):])
+            res["round"] = r
+            res["load_after"] = _loadavg()
+            runs.append(res)
+            print(f"round {r} {impl:5s}: {res['examples_per_s']:9.0f} examples/s "
+                  f"({res['steps_per_s']:.2f} steps/s, loss {res['final_loss']:.4f}, "
+                  f"{res['table_keys']} keys, load {res['load_after']})", flush=True)
+
+    import tensorflow as tf
+
+    summary = {}
+    for impl in impls:
+        rates = sorted(r["examples_per_s"] for r in runs if r["impl"] == impl and "error" not in r)
+        if rates:
+            summary[impl] = {"examples_per_s": rates, "median": _median(rates)}
+    ratios = []
+    if "ours" in impls and "tfra" in impls:
+        for r in range(args.rounds):
+            got = {x["impl"]: x for x in runs if x.get("round") == r and "error" not in x}
+            if "ours" in got and "tfra" in got:
+                ratios.append(got["ours"]["examples_per_s"] / got["tfra"]["examples_per_s"])
+        ratios.sort()
+        summary["ratio_ours_over_tfra"] = ratios
+        if ratios:
+            med = _median(ratios)
+            summary["ratio_median"] = med
+            verdict = "PASS" if med >= 3.0 else "FAIL"
+            print(f"ours / TFRA per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+                  f"median {med:.2f} (target >= 3): {verdict}")
+    for impl, s in summary.items():
+        if isinstance(s, dict):
+            print(f"{impl}: examples/s {', '.join(f'{x:.0f}' for x in s['examples_per_s'])}; median {s['median']:.0f}")
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results",
+        f"keras_train_tf{tf.__version__}_{args.layout}{'_steady' if args.steady else ''}.json")
+    record = {
+        "benchmark": "keras_train",
+        "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(sys.argv),
+        "tf": tf.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_start": load_start,
+        "load_end": _loadavg(),
+        "legacy_keras": env.get("TF_USE_LEGACY_KERAS") == "1",
+        "layout": args.layout,
+        "regime": "steady" if args.steady else "growing",
+        "distinct_batches": args.distinct_batches or args.warmup + args.steps,
+        "runs": runs,
+        "summary": summary,
+    }
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

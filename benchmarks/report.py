@@ -1,0 +1,248 @@
+"""Regenerates the end-to-end tables of docs/benchmarks.md (and PNG plots) from results.
+
+    python benchmarks/report.py [--results benchmarks/results] [--doc docs/benchmarks.md]
+        [--plots docs/img] [--check]
+
+Reads the newest `keras_train_*.json` per (TF version, layout, regime) and the newest
+`train_state_*.json` per TF version in `--results`, renders Markdown tables and writes
+them into `--doc` between the marker lines `<!-- report:NAME -->` and
+`<!-- /report:NAME -->` (NAME: `keras_train`, `train_state`); text outside the markers is
+left alone. With matplotlib installed it also writes `keras_train.png` and
+`train_state.png` into `--plots` (skipped, with a note, without it). `--check` prints
+the tables instead of writing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _load(pattern, results):
+    out = []
+    for path in sorted(glob.glob(os.path.join(results, pattern))):
+        with open(path) as f:
+            rec = json.load(f)
+        rec["_path"] = os.path.relpath(path, ROOT)
+        out.append(rec)
+    return out
+
+
+def _newest(records, key):
+    best = {}
+    for rec in records:
+        k = key(rec)
+        if k not in best or rec["date"] > best[k]["date"]:
+            best[k] = rec
+    return [best[k] for k in sorted(best)]
+
+
+def _med(xs):
+    """The median (the mean of the middle two for an even count)."""
+    xs = sorted(xs)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def _spread(xs, fmt="{:.0f}"):
+    xs = sorted(xs)
+    if not xs:
+        return "—"
+    if len(xs) == 1:
+        return fmt.format(xs[0])
+    return f"{fmt.format(_med(xs))} ({fmt.format(xs[0])}–{fmt.format(xs[-1])})"
+
+
+def keras_train_table(records):
+    rows = [
+        "| TF / Keras | layout | regime | ours examples/s | TFRA examples/s | ours / TFRA per round | median ratio (target ≥ 3) | load start→end | file |",
+        "|---|---|---|---:|---:|---|---:|---|---|",
+    ]
+    for rec in records:
+        s = rec["summary"]
+        ours = s.get("ours", {}).get("examples_per_s", [])
+        tfra = s.get("tfra", {}).get("examples_per_s", [])
+        ratios = s.get("ratio_ours_over_tfra", [])
+        med = s.get("ratio_median")
+        verdict = "—" if med is None else f"{'PASS' if med >= 3 else '**FAIL**'} {med:.2f}×"
+        keras = "tf_keras 2.16" if rec.get("legacy_keras") else "Keras 3"
+        regime = rec.get("regime", "growing")
+        rows.append(
+            f"| {rec['tf']} / {keras} | {rec.get('layout', '')} | {regime} | {_spread(ours)} | {_spread(tfra)} | "
+            f"{', '.join(f'{r:.2f}' for r in ratios) or '—'} | {verdict} | "
+            f"{rec.get('load_start')}→{rec.get('load_end')} | `{rec['_path']}` |"
+        )
+    return "\n".join(rows)
+
+
+def train_state_table(records):
+    rows = []
+    for rec in records:
+        s = rec["summary"]
+        payload = s["payload_bytes_per_key"]
+        ours, tfra = s.get("ours", {}), s.get("tfra", {})
+        keys = next((r["keys"] for r in rec["runs"] if "keys" in r), None)
+        dim = next((r["dim"] for r in rec["runs"] if "dim" in r), None)
+        rows.append(
+            f"TF {rec['tf']}, {keys:,} keys, dim {dim}, payload {payload} B/key (key + 3 × dim "
+            f"float32), {rec['date']}, load {rec.get('load_start')}→{rec.get('load_end')}, "
+            f"`{rec['_path']}`; median (min–max) of the rounds:\n"
+        )
+        rows.append("| measure | ours | TFRA | ours / TFRA | ours / payload |")
+        rows.append("|---|---:|---:|---:|---:|")
+
+        def line(label, field, scale, fmt, payload_ratio):
+            a, b = ours.get(field, []), tfra.get(field, [])
+            ra = f"{_med(a) / _med(b):.2f}×" if a and b else "—"
+            rp = f"{_med(a) / payload:.2f}×" if (a and payload_ratio) else "—"
+            rows.append(
+                f"| {label} | {_spread([x / scale for x in a], fmt)} | {_spread([x / scale for x in b], fmt)} | {ra} | {rp} |"
+            )
+
+        line("resident bytes per key (RSS delta)", "bytes_per_key", 1, "{:.1f}", True)
+        line("checkpoint save, M keys/s", "save_keys_per_s", 1e6, "{:.2f}", False)
+        line("checkpoint restore, M keys/s", "restore_keys_per_s", 1e6, "{:.2f}", False)
+        line("checkpoint files, bytes per key", "file_bytes_per_key", 1, "{:.1f}", True)
+        verdicts = _state_verdicts(rec)
+        if verdicts:
+            rows.append("")
+            rows.append("| target | value | verdict |")
+            rows.append("|---|---:|---|")
+            for v in verdicts:
+                rows.append(f"| {v['target']} | {v['value']:.2f} | {'PASS' if v['pass'] else '**FAIL**'} |")
+        rows.append("")
+    return "\n".join(rows).rstrip()
+
+
+def _state_verdicts(rec):
+    """The train_state targets, recomputed from the runs (medians of the rounds; the
+    throughput ratios per round, both children of a round having run back to back)."""
+    s = rec["summary"]
+    payload = s["payload_bytes_per_key"]
+    ours, tfra = s.get("ours", {}), s.get("tfra", {})
+    out = []
+    if ours.get("bytes_per_key"):
+        out.append({"target": "memory ≤ 1.3 × payload", "value": _med(ours["bytes_per_key"]) / payload})
+        out[-1]["pass"] = out[-1]["value"] <= 1.3
+        if tfra.get("bytes_per_key"):
+            v = _med(ours["bytes_per_key"]) / _med(tfra["bytes_per_key"])
+            out.append({"target": "memory ≤ 0.5 × TFRA", "value": v, "pass": v <= 0.5})
+    if ours.get("file_bytes_per_key"):
+        v = _med(ours["file_bytes_per_key"]) / payload
+        out.append({"target": "checkpoint files ≤ 1.1 × payload", "value": v, "pass": v <= 1.1})
+    runs = [r for r in rec["runs"] if r.get("mode") == "checkpoint" and "error" not in r]
+    for field, label in (("save_keys_per_s", "save"), ("restore_keys_per_s", "restore")):
+        ratios = []
+        for rnd in sorted({r["round"] for r in runs}):
+            a = [r[field] for r in runs if r["round"] == rnd and r["impl"] == "ours"]
+            b = [r[field] for r in runs if r["round"] == rnd and r["impl"] == "tfra"]
+            if a and b:
+                ratios.append(a[0] / b[0])
+        if ratios:
+            v = _med(ratios)
+            out.append({"target": f"checkpoint {label} ≥ 5 × TFRA (per round: "
+                                  f"{', '.join(f'{x:.2f}' for x in sorted(ratios))})",
+                        "value": v, "pass": v >= 5})
+    return out
+
+
+def plots(train, state, outdir):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: tables only, no plots")
+        return []
+    os.makedirs(outdir, exist_ok=True)
+    written = []
+    if train:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        labels, ours, tfra = [], [], []
+        for rec in train:
+            s = rec["summary"]
+            labels.append(f"TF {rec['tf']}\n{rec.get('layout')}, {rec.get('regime', 'growing')}")
+            ours.append(s.get("ours", {}).get("median") or 0)
+            tfra.append(s.get("tfra", {}).get("median") or 0)
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], [v / 1e3 for v in ours], 0.4, label="tensorflow_dynemb")
+        ax.bar([i + 0.2 for i in x], [v / 1e3 for v in tfra], 0.4, label="TFRA 0.8.1")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("k examples/s (median)")
+        ax.set_title("Keras model.fit, 26 features, dim 16, batch 4096, Adam")
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(outdir, "keras_train.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    if state:
+        rec = state[-1]
+        s = rec["summary"]
+        fields = [("bytes_per_key", "RSS B/key", 1), ("file_bytes_per_key", "ckpt B/key", 1),
+                  ("save_keys_per_s", "save M keys/s ×100", 1e4), ("restore_keys_per_s", "restore M keys/s ×100", 1e4)]
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        x = range(len(fields))
+        for off, impl, label in ((-0.2, "ours", "tensorflow_dynemb"), (0.2, "tfra", "TFRA 0.8.1")):
+            vals = [(_med(s.get(impl, {}).get(f, [])) or 0) / sc for f, _, sc in fields]
+            ax.bar([i + off for i in x], vals, 0.4, label=label)
+        ax.axhline(s["payload_bytes_per_key"], color="gray", linestyle="--", linewidth=0.8, label="payload B/key")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([l for _, l, _ in fields], fontsize=8)
+        ax.set_title(f"Adam-trained state, TF {rec['tf']}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(outdir, "train_state.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def replace_section(text, name, body):
+    pattern = re.compile(rf"(<!-- report:{name} -->\n)(?:.*?\n)?(<!-- /report:{name} -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"marker <!-- report:{name} --> ... <!-- /report:{name} --> not found in the doc")
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=os.path.join(HERE, "results"))
+    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks.md"))
+    p.add_argument("--plots", default=os.path.join(ROOT, "docs", "img"))
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args()
+
+    train = _newest(_load("keras_train_*.json", args.results),
+                    lambda r: (r["tf"], r.get("layout", ""), r.get("regime", "growing")))
+    state = _newest(_load("train_state_*.json", args.results), lambda r: r["tf"])
+    sections = {"keras_train": keras_train_table(train), "train_state": train_state_table(state)}
+    if args.check:
+        for name, body in sections.items():
+            print(f"== {name}\n{body}\n")
+        return
+    with open(args.doc) as f:
+        text = f.read()
+    for name, body in sections.items():
+        text = replace_section(text, name, body)
+    with open(args.doc, "w") as f:
+        f.write(text)
+    print(f"updated {os.path.relpath(args.doc, ROOT)}")
+    for path in plots(train, state, args.plots):
+        print(f"wrote {os.path.relpath(path, ROOT)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

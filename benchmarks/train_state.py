@@ -1,0 +1,276 @@
+"""Training state at scale: memory per key and checkpoint speed/size, ours beside TFRA.
+
+    python benchmarks/train_state.py [--keys 10485760] [--dim 16] [--rounds 2]
+        [--impls ours,tfra] [--out benchmarks/results/train_state_tf<version>.json]
+
+The state of an Adam-trained embedding of `--keys` keys: the parameter and Adam's two
+slots (`m`, `v`). Both libraries keep each slot in a dynamic-embedding variable of the
+same class and table as the parameter (ours: `de.Variable`s made by
+`de.DynamicEmbeddingOptimizer`'s slot store; TFRA: `de.Variable`s made by its
+`create_slots`), so the state is built here as three variables of that class, each
+holding the same keys: `de.Variable(dim=16)` for ours, `tfra.dynamic_embedding.get_variable`
+(a `CuckooHashTable` on CPU) for TFRA. Every measurement runs in a fresh child process.
+
+- memory: bytes per key = (VmRSS after upserting the keys into the three variables -
+  VmRSS before) / keys, beside the raw payload (8-byte key + 3 x dim float32 = 200 B at
+  dim 16). Keys and values are created before the "before" reading.
+- checkpoint: `tf.train.Checkpoint(params=..., m=..., v=...).write(path)` of the filled
+  variables, then `.read(path)` into three empty variables of the same names in a
+  fresh process (timed until their `size()` answers);
+  keys/s = keys / seconds (each key carries its three rows), file size = the bytes of
+  every file written, beside the payload. The restored sizes are checked.
+
+Targets (issue): memory <= 0.5 x TFRA and <= 1.3 x payload; checkpoint throughput
+>= 5 x TFRA (save and restore), files <= 1.1 x payload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+SLOTS = ("params", "m", "v")
+
+
+def _rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _make_vars(impl, dim, tag):
+    import tensorflow as tf
+
+    if impl == "ours":
+        import tensorflow_dynemb as de
+
+        return [de.Variable(tf.int64, tf.float32, dim=dim, name=f"{tag}_{s}") for s in SLOTS]
+    import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
+
+    return [
+        tfra_de.get_variable(f"{tag}_{s}", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim)
+        for s in SLOTS
+    ]
+
+
+def run_child(args):
+    import numpy as np
+    import tensorflow as tf
+
+    n, dim, batch = args.keys, args.dim, args.batch
+    if args.mode == "restore":
+        variables = _make_vars(args.child, dim, "state")  # the names the checkpoint has
+        rss0 = _rss_bytes()
+        t0 = time.perf_counter()
+        tf.train.Checkpoint(**dict(zip(SLOTS, variables))).read(os.path.join(args.ckpt_dir, "ckpt"))
+        sizes = [int(var.size()) for var in variables]  # waits for the restore
+        restore_s = time.perf_counter() - t0
+        print("RESULT " + json.dumps({
+            "impl": args.child, "mode": "restore", "keys": n, "dim": dim, "tf": tf.__version__,
+            "restore_seconds": restore_s, "restore_keys_per_s": n / restore_s,
+            "restored_sizes": sizes, "restore_rss_delta_per_key": (_rss_bytes() - rss0) / n}), flush=True)
+        return
+    rng = np.random.default_rng(0)
+    keys = tf.constant(rng.integers(1, 2 ** 62, size=n, dtype=np.int64))
+    values = tf.constant(rng.standard_normal((batch, dim), dtype=np.float32))
+    variables = _make_vars(args.child, dim, "state")
+    # Touch every variable once (op library, kernels) before the baseline.
+    for var in variables:
+        var.upsert(keys[:1], values[:1])
+    result = {"impl": args.child, "mode": args.mode, "keys": n, "dim": dim, "tf": tf.__version__}
+    rss0 = _rss_bytes()
+    t0 = time.perf_counter()
+    for start in range(0, n, batch):
+        k = keys[start : start + batch]
+        v = values[: tf.shape(k)[0]]
+        for var in variables:
+            var.upsert(k, v)
+    fill_s = time.perf_counter() - t0
+    rss1 = _rss_bytes()
+    sizes = [int(var.size()) for var in variables]
+    result.update(fill_seconds=fill_s, sizes=sizes)
+    if args.mode == "memory":
+        result.update(rss_before=rss0, rss_after=rss1, bytes_per_key=(rss1 - rss0) / sizes[0])
+    else:
+        # Written into --ckpt-dir, which the parent hands to a fresh "restore" child.
+        ckpt = tf.train.Checkpoint(**dict(zip(SLOTS, variables)))
+        path = os.path.join(args.ckpt_dir, "ckpt")
+        t0 = time.perf_counter()
+        ckpt.write(path)
+        save_s = time.perf_counter() - t0
+        file_bytes = sum(
+            os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.ckpt_dir) for f in files
+        )
+        result.update(save_seconds=save_s, save_keys_per_s=n / save_s, file_bytes=file_bytes,
+                      file_bytes_per_key=file_bytes / n)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _child(cmd, env):
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        print(f"child failed (rc {proc.returncode}): {' '.join(cmd[2:])}\n{proc.stderr[-3000:]}",
+              file=sys.stderr)
+        return None
+    return json.loads(line[0][len("RESULT "):])
+
+
+def _tfra_available():
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+    except Exception:
+        return False
+
+
+def _loadavg():
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except OSError:
+        return None
+
+
+def _median(xs):
+    """The median (the mean of the middle two for an even count)."""
+    xs = sorted(xs)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=10 * 1024 * 1024)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batch", type=int, default=1 << 20)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--impls", default=None)
+    p.add_argument("--modes", default="memory,checkpoint")
+    p.add_argument("--tmpdir", default=None, help="where checkpoints are written (default: $TMPDIR)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="memory", help=argparse.SUPPRESS)
+    p.add_argument("--ckpt-dir", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        run_child(args)
+        return
+
+    tfra = _tfra_available()
+    impls = args.impls.split(",") if args.impls else (["ours", "tfra"] if tfra else ["ours"])
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    payload = 8 + 3 * args.dim * 4
+    load_start = _loadavg()
+    runs = []
+    for mode in args.modes.split(","):
+        for r in range(args.rounds):
+            for impl in impls if r % 2 == 0 else list(reversed(impls)):
+                cmd = [sys.executable, os.path.abspath(__file__), "--child", impl,
+                       "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
+                ckpt_dir = tempfile.mkdtemp(prefix="dynemb_ckpt_", dir=args.tmpdir)
+                try:
+                    res = _child(cmd + ["--mode", mode, "--ckpt-dir", ckpt_dir], env)
+                    if res is not None and mode == "checkpoint":
+                        restored = _child(cmd + ["--mode", "restore", "--ckpt-dir", ckpt_dir], env)
+                        res = None if restored is None else {**res, **restored, "mode": mode}
+                finally:
+                    shutil.rmtree(ckpt_dir, ignore_errors=True)
+                if res is None:
+                    runs.append({"impl": impl, "mode": mode, "round": r, "error": True})
+                    continue
+                res.update(round=r, load_after=_loadavg())
+                runs.append(res)
+                if mode == "memory":
+                    print(f"{mode} round {r} {impl:5s}: {res['bytes_per_key']:.1f} B/key "
+                          f"({res['bytes_per_key'] / payload:.2f}x payload {payload} B); "
+                          f"fill {res['fill_seconds']:.1f} s", flush=True)
+                else:
+                    print(f"{mode} round {r} {impl:5s}: save {res['save_keys_per_s'] / 1e6:.2f} M keys/s "
+                          f"({res['save_seconds']:.2f} s), restore {res['restore_keys_per_s'] / 1e6:.2f} M keys/s "
+                          f"({res['restore_seconds']:.2f} s), files {res['file_bytes_per_key']:.1f} B/key "
+                          f"({res['file_bytes_per_key'] / payload:.2f}x payload), restored {res['restored_sizes']}",
+                          flush=True)
+
+    import tensorflow as tf
+
+    def ok(impl, mode):
+        return [x for x in runs if x["impl"] == impl and x["mode"] == mode and "error" not in x]
+
+    summary = {"payload_bytes_per_key": payload}
+    for impl in impls:
+        s = {}
+        mem = ok(impl, "memory")
+        if mem:
+            s["bytes_per_key"] = sorted(x["bytes_per_key"] for x in mem)
+        ck = ok(impl, "checkpoint")
+        if ck:
+            for field in ("save_keys_per_s", "restore_keys_per_s", "file_bytes_per_key"):
+                s[field] = sorted(x[field] for x in ck)
+        summary[impl] = s
+    verdicts = []
+
+    def verdict(name, value, ok_):
+        verdicts.append({"target": name, "value": value, "pass": bool(ok_)})
+        print(f"{'PASS' if ok_ else 'FAIL'}  {name}: {value:.2f}")
+
+    ours = summary.get("ours", {})
+    if ours.get("bytes_per_key"):
+        verdict("memory <= 1.3 x payload", _median(ours["bytes_per_key"]) / payload,
+                _median(ours["bytes_per_key"]) <= 1.3 * payload)
+    if ours.get("file_bytes_per_key"):
+        verdict("checkpoint files <= 1.1 x payload", _median(ours["file_bytes_per_key"]) / payload,
+                _median(ours["file_bytes_per_key"]) <= 1.1 * payload)
+    ref = summary.get("tfra", {})
+    if ours.get("bytes_per_key") and ref.get("bytes_per_key"):
+        x = _median(ours["bytes_per_key"]) / _median(ref["bytes_per_key"])
+        verdict("memory <= 0.5 x TFRA", x, x <= 0.5)
+    for field, label in (("save_keys_per_s", "save"), ("restore_keys_per_s", "restore")):
+        if ours.get(field) and ref.get(field):
+            # Per round, both children of a round ran back to back.
+            ratios = []
+            for r in range(args.rounds):
+                a = [x[field] for x in ok("ours", "checkpoint") if x["round"] == r]
+                b = [x[field] for x in ok("tfra", "checkpoint") if x["round"] == r]
+                if a and b:
+                    ratios.append(a[0] / b[0])
+            summary[f"{label}_ratio_per_round"] = sorted(ratios)
+            x = _median(ratios)
+            verdict(f"checkpoint {label} >= 5 x TFRA (per-round ratios {', '.join(f'{v:.2f}' for v in sorted(ratios))})",
+                    x, x >= 5)
+    summary["verdicts"] = verdicts
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   f"train_state_tf{tf.__version__}.json")
+    record = {
+        "benchmark": "train_state",
+        "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(sys.argv),
+        "tf": tf.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_start": load_start,
+        "load_end": _loadavg(),
+        "runs": runs,
+        "summary": summary,
+    }
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
