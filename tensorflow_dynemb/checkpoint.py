@@ -16,6 +16,15 @@ CKPT_VALUES = "-values"
 CKPT_SCORES = "-scores"
 
 
+class Untracked:
+    """Plain attributes for an object to hold out of sight of Keras' and TF's
+    attribute tracking (which would wrap dicts and lists, make checkpoint dependencies
+    of trackables, and save layers)."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
 def in_tf1_graph() -> bool:
     """True while building a TF1 graph (not eager, not inside a `tf.function`)."""
     return not tf.executing_eagerly() and not tf.inside_function()

@@ -37,6 +37,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorflow_dynemb.checkpoint import Untracked
 from tensorflow_dynemb.optimizer_rules import SparseRule, get_rule
 from tensorflow_dynemb.trainable import TrainableRows, rows_of
 
@@ -48,13 +49,6 @@ __all__ = ["DynamicEmbeddingOptimizer", "SparseApplier"]
 # ---------------------------------------------------------------------------------------
 
 
-class _SlotIndex:
-    """Not trackable on purpose (see SlotStore)."""
-
-    def __init__(self):
-        self.by_params: Dict[int, Tuple[Any, Dict[str, Any]]] = {}
-
-
 class SlotStore(tf.Module):
     """Holds the slot `de.Variable`s as attributes, so that checkpoints of the optimizer
     (which tracks this module) save and restore them, by a name stable across processes:
@@ -64,28 +58,21 @@ class SlotStore(tf.Module):
         super().__init__(name="dynamic_embedding_slots")
         # id(params) -> (params, {slot name -> slot de.Variable}); in a plain holder,
         # because checkpoints track the slots by attribute name, not through this index.
-        self._index = _SlotIndex()
+        self._index = Untracked(by_params={})
 
     def slots_of(self, params) -> Dict[str, Any]:
         entry = self._index.by_params.get(id(params))
         return entry[1] if entry is not None and entry[0] is params else {}
 
     def create(self, params, specs, optimizer_name: str) -> Dict[str, Any]:
-        from tensorflow_dynemb.variable import Variable  # variable.py imports this module
-
         slots = {}
         with tf.init_scope():  # long-lived tables even when first traced in a tf.function
             for spec in specs:
-                slot = Variable(
-                    key_dtype=params.key_dtype,
+                slot = params.companion(
+                    f"{optimizer_name}/{spec.name}",
                     value_dtype=params.value_dtype,
                     dim=params.dim,
-                    devices=params.devices,
-                    partitioner=params.partition_fn,
-                    name=f"{params.name}/{optimizer_name}/{spec.name}",
                     initializer=spec.initial,
-                    trainable=False,
-                    checkpoint=params._checkpoint,
                     # Slots of a bounded variable are unbounded: they lose exactly the
                     # keys the variable evicts (SparseApplier removes them), never others.
                     kv_creator=None if params.bounded else params.kv_creator,

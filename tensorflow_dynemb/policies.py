@@ -38,21 +38,9 @@ __all__ = [
 ]
 
 
-def _status_variable(var, suffix: str, kv_creator=None, initializer=0):
-    from tensorflow_dynemb.variable import Variable  # variable.py imports this module
-
-    return Variable(
-        key_dtype=var.key_dtype,
-        value_dtype=tf.int64,
-        dim=1,
-        devices=var.devices,
-        partitioner=var.partition_fn,
-        name=f"{var.name}/{suffix}",
-        initializer=initializer,
-        trainable=False,
-        checkpoint=var._checkpoint,
-        kv_creator=kv_creator,
-    )
+def _status_variable(var, suffix: str, kv_creator=None):
+    """A per-key int64 count or time, sharded like `var`."""
+    return var.companion(suffix, value_dtype=tf.int64, dim=1, initializer=0, kv_creator=kv_creator)
 
 
 # ---------------------------------------------------------------------------------------

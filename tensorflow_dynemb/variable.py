@@ -34,6 +34,7 @@ from tensorflow_dynemb.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
     CKPT_VALUES,
+    Untracked,
     in_tf1_graph,
     register_for_tf1_saver,
 )
@@ -204,7 +205,7 @@ class Variable(tf.Module):
         self._trainables: Dict[str, TrainableRows] = {}
         # Optimizer slots of this variable (they must lose the keys it loses); a plain
         # holder, because the optimizers' checkpoints, not this one, save the slots.
-        self._slots = _SlotList()
+        self._slots = Untracked(variables=[])
         self._restrict_policy = restrict_policy(self) if restrict_policy is not None else None
         if admit_policy is not None and not hasattr(admit_policy, "bind"):
             raise TypeError(
@@ -511,6 +512,31 @@ class Variable(tf.Module):
         ops = [self.remove(keys)] + [slot.remove(keys) for slot in self._slots.variables]
         return [op for op in ops if op is not None]
 
+    def companion(
+        self,
+        suffix: str,
+        value_dtype: DTypeLike,
+        dim: int,
+        initializer: Any,
+        kv_creator: Optional[HashTableCreator] = None,
+    ) -> "Variable":
+        """A non-trainable variable keyed and sharded like this one (same key dtype,
+        devices, partitioner and checkpointing), named `<name>/<suffix>`: what optimizer
+        slots and policy state are made of, so that a key's companion rows live on the
+        key's shard."""
+        return Variable(
+            key_dtype=self._key_dtype,
+            value_dtype=value_dtype,
+            dim=dim,
+            devices=self._devices,
+            partitioner=self._partition_fn,
+            name=f"{self.name}/{suffix}",
+            initializer=initializer,
+            trainable=False,
+            checkpoint=self._checkpoint,
+            kv_creator=kv_creator,
+        )
+
     @property
     def slot_variables(self) -> List["Variable"]:
         """The slots every `de.DynamicEmbeddingOptimizer` keeps for this variable."""
@@ -802,13 +828,6 @@ class Variable(tf.Module):
 def _view_key(name: str, replica: Optional[int]) -> str:
     """The key of a trainable view: its lookup name, and its replica under a strategy."""
     return name if replica is None else f"{name}@replica{replica}"
-
-
-class _SlotList:
-    """Not trackable on purpose (see Variable.__init__)."""
-
-    def __init__(self):
-        self.variables: List[Variable] = []
 
 
 # ---------------------------------------------------------------------------------------

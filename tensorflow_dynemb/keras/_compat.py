@@ -24,6 +24,8 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
+from tensorflow_dynemb.checkpoint import Untracked
+
 Layer = tf.keras.layers.Layer
 
 # tf.keras is tf_keras exactly when TF_USE_LEGACY_KERAS is set.
@@ -37,15 +39,6 @@ else:
     from tf_keras.src.engine import base_layer_utils as _tf_keras_layer_utils
 
 __all__ = ["IS_KERAS3", "Layer", "keras_module", "CallerTracking", "Untracked", "ViewWeights"]
-
-
-class Untracked:
-    """Plain attributes for a layer or an optimizer to hold, out of sight of Keras'
-    and TF's attribute tracking (which would wrap dicts and lists, make checkpoint
-    dependencies of trackables, and save layers)."""
-
-    def __init__(self, **values):
-        self.__dict__.update(values)
 
 
 def _merged(variables: List[Any], extra: List[Any]) -> List[Any]:
