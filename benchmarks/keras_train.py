@@ -33,13 +33,12 @@ regime) in benchmarks/results, read by `benchmarks/report.py`.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import loadavg, median, print_result, spawn_child, tfra_available, write_record  # noqa: E402
 
 FEATURES = 26
 VOCAB = 5_000_000
@@ -149,10 +148,8 @@ def run_child(args):
     history = model.fit(ds, epochs=1, steps_per_epoch=total, verbose=0, callbacks=[Timer()])
     end = time.perf_counter()
     secs = end - marks["warm"]
-    if args.impl == "ours":
-        sizes = [int(l.params.size()) for l in model.layers if hasattr(l, "params")]
-    else:
-        sizes = [int(l.params.size()) for l in model.layers if hasattr(l, "params")]
+    # Both libraries' Keras layers keep their table in `params`.
+    sizes = [int(l.params.size()) for l in model.layers if hasattr(l, "params")]
     result = {
         "impl": args.impl,
         "layout": args.layout,
@@ -171,35 +168,12 @@ def run_child(args):
         "table_keys": int(sum(sizes)),
         "cpu_seconds": time.process_time(),
     }
-    print("RESULT " + json.dumps(result), flush=True)
+    print_result(result)
 
 
 # ---------------------------------------------------------------------------------------
 # Parent: alternate children, compare
 # ---------------------------------------------------------------------------------------
-
-
-def _tfra_available():
-    try:
-        import importlib.util
-
-        return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
-    except Exception:
-        return False
-
-
-def _median(xs):
-    """The median (the mean of the middle two for an even count)."""
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
-def _loadavg():
-    try:
-        return float(open("/proc/loadavg").read().split()[0])
-    except OSError:
-        return None
 
 
 def main():
@@ -228,13 +202,13 @@ def main():
         run_child(args)
         return
 
-    tfra = _tfra_available()
+    tfra = tfra_available()
     impls = args.impls.split(",") if args.impls else (["ours", "tfra"] if tfra else ["ours"])
     env = dict(os.environ)
     if tfra:  # TFRA's layers and optimizer need tf_keras: run every child under it
         env["TF_USE_LEGACY_KERAS"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    load_start = _loadavg()
+    load_start = loadavg()
     runs = []
     for r in range(args.rounds):
         order = impls if r % 2 == 0 else list(reversed(impls))
@@ -243,15 +217,12 @@ def main():
                    "--warmup", str(args.warmup), "--steps", str(args.steps), "--seed", str(args.seed),
                    "--distinct-batches", str(args.distinct_batches),
                    "--threads", str(args.threads), "--inter-threads", str(args.inter_threads)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                print(f"{impl}: child failed (rc {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
-                runs.append({"impl": impl, "round": r, "error": proc.stderr[-3000:]})
+            res, error = spawn_child(cmd, env)
+            if res is None:
+                runs.append({"impl": impl, "round": r, "error": error})
                 continue
-            res = json.loads(line[0][len("RESULT "):])
             res["round"] = r
-            res["load_after"] = _loadavg()
+            res["load_after"] = loadavg()
             runs.append(res)
             print(f"round {r} {impl:5s}: {res['examples_per_s']:9.0f} examples/s "
                   f"({res['steps_per_s']:.2f} steps/s, loss {res['final_loss']:.4f}, "
@@ -263,7 +234,7 @@ def main():
     for impl in impls:
         rates = sorted(r["examples_per_s"] for r in runs if r["impl"] == impl and "error" not in r)
         if rates:
-            summary[impl] = {"examples_per_s": rates, "median": _median(rates)}
+            summary[impl] = {"examples_per_s": rates, "median": median(rates)}
     ratios = []
     if "ours" in impls and "tfra" in impls:
         for r in range(args.rounds):
@@ -273,7 +244,7 @@ def main():
         ratios.sort()
         summary["ratio_ours_over_tfra"] = ratios
         if ratios:
-            med = _median(ratios)
+            med = median(ratios)
             summary["ratio_median"] = med
             verdict = "PASS" if med >= 3.0 else "FAIL"
             print(f"ours / TFRA per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
@@ -284,26 +255,18 @@ def main():
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results",
         f"keras_train_tf{tf.__version__}_{args.layout}{'_steady' if args.steady else ''}.json")
-    record = {
-        "benchmark": "keras_train",
-        "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(sys.argv),
-        "tf": tf.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "load_start": load_start,
-        "load_end": _loadavg(),
-        "legacy_keras": env.get("TF_USE_LEGACY_KERAS") == "1",
-        "layout": args.layout,
-        "regime": "steady" if args.steady else "growing",
-        "distinct_batches": args.distinct_batches or args.warmup + args.steps,
-        "runs": runs,
-        "summary": summary,
-    }
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"wrote {out}")
+    write_record(
+        out,
+        "keras_train",
+        tf.__version__,
+        load_start,
+        legacy_keras=env.get("TF_USE_LEGACY_KERAS") == "1",
+        layout=args.layout,
+        regime="steady" if args.steady else "growing",
+        distinct_batches=args.distinct_batches or args.warmup + args.steps,
+        runs=runs,
+        summary=summary,
+    )
 
 
 if __name__ == "__main__":

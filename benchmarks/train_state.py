@@ -27,15 +27,14 @@ Targets (issue): memory <= 0.5 x TFRA and <= 1.3 x payload; checkpoint throughpu
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import loadavg, median, print_result, spawn_child, tfra_available, write_record  # noqa: E402
 
 SLOTS = ("params", "m", "v")
 
@@ -75,10 +74,10 @@ def run_child(args):
         tf.train.Checkpoint(**dict(zip(SLOTS, variables))).read(os.path.join(args.ckpt_dir, "ckpt"))
         sizes = [int(var.size()) for var in variables]  # waits for the restore
         restore_s = time.perf_counter() - t0
-        print("RESULT " + json.dumps({
+        print_result({
             "impl": args.child, "mode": "restore", "keys": n, "dim": dim, "tf": tf.__version__,
             "restore_seconds": restore_s, "restore_keys_per_s": n / restore_s,
-            "restored_sizes": sizes, "restore_rss_delta_per_key": (_rss_bytes() - rss0) / n}), flush=True)
+            "restored_sizes": sizes, "restore_rss_delta_per_key": (_rss_bytes() - rss0) / n})
         return
     rng = np.random.default_rng(0)
     keys = tf.constant(rng.integers(1, 2 ** 62, size=n, dtype=np.int64))
@@ -113,42 +112,7 @@ def run_child(args):
         )
         result.update(save_seconds=save_s, save_keys_per_s=n / save_s, file_bytes=file_bytes,
                       file_bytes_per_key=file_bytes / n)
-    print("RESULT " + json.dumps(result), flush=True)
-
-
-def _child(cmd, env):
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    if proc.returncode != 0 or not line:
-        print(f"child failed (rc {proc.returncode}): {' '.join(cmd[2:])}\n{proc.stderr[-3000:]}",
-              file=sys.stderr)
-        return None
-    return json.loads(line[0][len("RESULT "):])
-
-
-def _tfra_available():
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
-    except Exception:
-        return False
-
-
-def _loadavg():
-    try:
-        return float(open("/proc/loadavg").read().split()[0])
-    except OSError:
-        return None
-
-
-def _median(xs):
-    """The median (the mean of the middle two for an even count)."""
-    xs = sorted(xs)
-    if not xs:
-        return None
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+    print_result(result)
 
 
 def main():
@@ -169,12 +133,12 @@ def main():
         run_child(args)
         return
 
-    tfra = _tfra_available()
+    tfra = tfra_available()
     impls = args.impls.split(",") if args.impls else (["ours", "tfra"] if tfra else ["ours"])
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     payload = 8 + 3 * args.dim * 4
-    load_start = _loadavg()
+    load_start = loadavg()
     runs = []
     for mode in args.modes.split(","):
         for r in range(args.rounds):
@@ -183,16 +147,16 @@ def main():
                        "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
                 ckpt_dir = tempfile.mkdtemp(prefix="dynemb_ckpt_", dir=args.tmpdir)
                 try:
-                    res = _child(cmd + ["--mode", mode, "--ckpt-dir", ckpt_dir], env)
+                    res = spawn_child(cmd + ["--mode", mode, "--ckpt-dir", ckpt_dir], env)[0]
                     if res is not None and mode == "checkpoint":
-                        restored = _child(cmd + ["--mode", "restore", "--ckpt-dir", ckpt_dir], env)
+                        restored = spawn_child(cmd + ["--mode", "restore", "--ckpt-dir", ckpt_dir], env)[0]
                         res = None if restored is None else {**res, **restored, "mode": mode}
                 finally:
                     shutil.rmtree(ckpt_dir, ignore_errors=True)
                 if res is None:
                     runs.append({"impl": impl, "mode": mode, "round": r, "error": True})
                     continue
-                res.update(round=r, load_after=_loadavg())
+                res.update(round=r, load_after=loadavg())
                 runs.append(res)
                 if mode == "memory":
                     print(f"{mode} round {r} {impl:5s}: {res['bytes_per_key']:.1f} B/key "
@@ -229,14 +193,14 @@ def main():
 
     ours = summary.get("ours", {})
     if ours.get("bytes_per_key"):
-        verdict("memory <= 1.3 x payload", _median(ours["bytes_per_key"]) / payload,
-                _median(ours["bytes_per_key"]) <= 1.3 * payload)
+        verdict("memory <= 1.3 x payload", median(ours["bytes_per_key"]) / payload,
+                median(ours["bytes_per_key"]) <= 1.3 * payload)
     if ours.get("file_bytes_per_key"):
-        verdict("checkpoint files <= 1.1 x payload", _median(ours["file_bytes_per_key"]) / payload,
-                _median(ours["file_bytes_per_key"]) <= 1.1 * payload)
+        verdict("checkpoint files <= 1.1 x payload", median(ours["file_bytes_per_key"]) / payload,
+                median(ours["file_bytes_per_key"]) <= 1.1 * payload)
     ref = summary.get("tfra", {})
     if ours.get("bytes_per_key") and ref.get("bytes_per_key"):
-        x = _median(ours["bytes_per_key"]) / _median(ref["bytes_per_key"])
+        x = median(ours["bytes_per_key"]) / median(ref["bytes_per_key"])
         verdict("memory <= 0.5 x TFRA", x, x <= 0.5)
     for field, label in (("save_keys_per_s", "save"), ("restore_keys_per_s", "restore")):
         if ours.get(field) and ref.get(field):
@@ -248,28 +212,13 @@ def main():
                 if a and b:
                     ratios.append(a[0] / b[0])
             summary[f"{label}_ratio_per_round"] = sorted(ratios)
-            x = _median(ratios)
+            x = median(ratios)
             verdict(f"checkpoint {label} >= 5 x TFRA (per-round ratios {', '.join(f'{v:.2f}' for v in sorted(ratios))})",
                     x, x >= 5)
     summary["verdicts"] = verdicts
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"train_state_tf{tf.__version__}.json")
-    record = {
-        "benchmark": "train_state",
-        "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(sys.argv),
-        "tf": tf.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "load_start": load_start,
-        "load_end": _loadavg(),
-        "runs": runs,
-        "summary": summary,
-    }
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"wrote {out}")
+    write_record(out, "train_state", tf.__version__, load_start, runs=runs, summary=summary)
 
 
 if __name__ == "__main__":
