@@ -309,12 +309,16 @@ class _KerasSGD(_KerasRule):
         if not self._use_momentum:
             return var - grad * lr, {}
         momentum = _cast(self.optimizer.momentum, dtype)  # Keras casts it
-        m = state["momentum"] * momentum - grad * lr
-        if self.optimizer.nesterov:
-            var = var + (m * momentum - grad * lr)
-        else:
-            var = var + m
-        return var, {"momentum": m}
+        return _momentum_step(var, grad, state["momentum"], momentum, lr, self.optimizer.nesterov)
+
+
+def _momentum_step(var, grad, m, momentum, lr, nesterov: bool):
+    """Keras' (3 and 2, legacy too) SGD momentum: m = m * momentum - g * lr;
+    w += m, or with nesterov w += m * momentum - g * lr."""
+    m = m * momentum - grad * lr
+    if nesterov:
+        return var + (m * momentum - grad * lr), {"momentum": m}
+    return var + m, {"momentum": m}
 
 
 class _KerasAdam(_KerasRule):
@@ -646,12 +650,7 @@ class _LegacySGD(_LegacyRule):
         if not self.optimizer._momentum:
             return var - grad * lr, {}
         momentum = self._hyper("momentum", dtype)
-        m = state["momentum"] * momentum - grad * lr
-        if self.optimizer.nesterov:
-            var = var + (m * momentum - grad * lr)
-        else:
-            var = var + m
-        return var, {"momentum": m}
+        return _momentum_step(var, grad, state["momentum"], momentum, lr, self.optimizer.nesterov)
 
 
 class _LegacyAdam(_LegacyRule):
