@@ -23,6 +23,18 @@ gradient still maps to the right keys:
   buffer, later lookups in the same trace append.
 Eager lookups made while no `tf.GradientTape` records (evaluation, inference) bypass
 the buffer and read the tables directly, so they neither cost a copy nor grow it.
+
+Under `tf.distribute.experimental.ParameterServerStrategy` the view keeps no state
+between ops: the coordinator traces a step once and every worker runs that trace at
+the same time, so buffers (variables) would be one set that all workers write. There
+`variable` is a token (shape `[0, dim]`, on the first shard's parameter server, never
+written) and each lookup's output is a `tf.custom_gradient` whose gradient with respect
+to the token is an `IndexedSlices` indexing the lookup's own tensors (distinct ids,
+`exists`, rows), which `TrainableRows` records per traced graph for the optimizer step
+of the same trace (`_StepRecord`). Every worker then works on its own tensors and
+shares nothing but the tables. The lookup and the optimizer step must be in one
+function (Keras' `train_step`, a `ClusterCoordinator`-scheduled step), as that
+strategy requires anyway.
 """
 
 from __future__ import annotations
@@ -86,15 +98,18 @@ def rows_of(variable) -> Optional["TrainableRows"]:
 
 class TrainableRows:
     """The rows of `params` read by the lookups called `name` since the last optimizer
-    step, held in TF variables so that gradients can reach them.
+    step, held in TF variables so that gradients can reach them (or, under a
+    ParameterServerStrategy, recorded per traced graph: see the module docstring).
 
     Attributes:
       params: the `de.Variable`.
       name: the lookup name (TFRA's "trainable name").
-      variable: the trainable `tf.Variable` of shape `[None, dim]`; pass it to an
-        optimizer or a tape.
-      ids: the distinct keys whose rows `variable` holds, in row order.
-      exists: whether each key was stored in `params` when it was looked up.
+      variable: the trainable `tf.Variable` of shape `[None, dim]` (record mode: a
+        `[0, dim]` token); pass it to an optimizer or a tape.
+      ids: the distinct keys whose rows `variable` holds, in row order (None when the
+        view records tensors instead).
+      exists: whether each key was stored in `params` when it was looked up (None when
+        the view records tensors instead).
     """
 
     def __init__(self, params, name: str, replica: Optional[int] = None):
@@ -103,25 +118,24 @@ class TrainableRows:
                 f"Training needs a floating-point value_dtype, but de.Variable "
                 f"{params.name!r} holds {params.value_dtype.name}."
             )
-        _refuse_parameter_server_strategy(params)
         self.params = params
         self.name = name
         # The tf.distribute replica whose lookups use these buffers (None: no strategy).
         self.replica = replica
+        # Whether lookups record their tensors instead of writing buffers.
+        self.records = _under_parameter_server_strategy()
         suffix = "" if replica is None else f"_replica_{replica}"
         scope = f"{params._unique_name}/TrainableWrapper_{_scope_name(name)}{suffix}"
         device = _replica_device(replica)
         # Created outside any tf.function being traced (like optimizer slots), so that
         # a lookup first traced inside a function still owns long-lived variables.
-        with tf.init_scope(), tf.name_scope(scope), _maybe_device(device):
+        with tf.init_scope(), tf.name_scope(scope):
             initial_rows = tf.zeros([0, params.dim], params.value_dtype)
-            # In a TF1 graph the buffers are local variables (see _buffer); they need
-            # no initialisation: every read of a step follows a write of that step.
-            local = _in_tf1_graph()
-            with _local_placement(initial_rows), _outside_strategy():
-                self.variable = _buffer(initial_rows, "rows", True, local)
-                self.ids = _buffer(tf.zeros([0], params.key_dtype), "ids", False, local)
-                self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False, local)
+            if self.records:
+                self.ids = self.exists = None
+                self.variable = _token(initial_rows, params)
+            else:
+                self._create_buffers(initial_rows, device)
         setattr(self.variable, _OWNER_ATTR, self)
         # Keras 3 reads these from every trainable weight (its own Variables have them).
         self.variable.regularizer = None
@@ -135,6 +149,18 @@ class TrainableRows:
         self._last_graph: Optional[weakref.ref] = None
         self._previous_writes = []
         self._graph_lookups = 0
+        # Record mode: the lookups' tensors per traced graph (None: executing eagerly).
+        self._records = weakref.WeakKeyDictionary()
+        self._eager_record: Optional[_StepRecord] = None
+
+    def _create_buffers(self, initial_rows: tf.Tensor, device: Optional[str]) -> None:
+        # In a TF1 graph the buffers are local variables (see _buffer); they need
+        # no initialisation: every read of a step follows a write of that step.
+        local = _in_tf1_graph()
+        with _maybe_device(device), _local_placement(initial_rows), _outside_strategy():
+            self.variable = _buffer(initial_rows, "rows", True, local)
+            self.ids = _buffer(tf.zeros([0], self.params.key_dtype), "ids", False, local)
+            self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False, local)
 
     @property
     def pending(self) -> bool:
@@ -147,6 +173,8 @@ class TrainableRows:
         """The `[n, dim]` rows of the 1-D `flat_ids`, differentiable through `variable`."""
         unique_ids, index = tf.unique(flat_ids)
         rows, exists = self.params.lookup(unique_ids, return_exists=True)
+        if self.records:
+            return self._read_recorded(unique_ids, exists, rows, index)
         if self._appends():
             # In a TF1 graph, after the previous lookup's writes (nothing else orders
             # them, and the buffers may not be initialised before the first write).
@@ -178,6 +206,42 @@ class TrainableRows:
                 return tf.gather(self.variable.read_value(), index)
             return self.variable.sparse_read(index)
 
+    def _read_recorded(self, unique_ids, exists, rows, index) -> tf.Tensor:
+        """Record mode: `rows[index]`, whose gradient with respect to the token indexes
+        this step's record, to which the lookup's tensors are appended."""
+        if self._appends():
+            record = self._record_here()
+        else:
+            record = _StepRecord()
+            if tf.executing_eagerly():
+                self._eager_record = record
+            else:
+                self._records[tf.compat.v1.get_default_graph()] = record
+        positions = record.append(unique_ids, exists, rows, index)
+        return _gather_with_token_gradient(self.variable, rows, index, positions, record.size())
+
+    def _record_here(self) -> "_StepRecord":
+        """The record of the step being built: eagerly the pending one; in a graph, the
+        one of this graph or of a graph enclosing it (a tf.cond branch may apply
+        gradients of lookups made outside it)."""
+        if tf.executing_eagerly():
+            record = self._eager_record
+        else:
+            graph, record = tf.compat.v1.get_default_graph(), None
+            while graph is not None and record is None:
+                record = self._records.get(graph)
+                graph = getattr(graph, "outer_graph", None)
+        if record is None:
+            raise ValueError(
+                f"The gradient of trainable view {self.name!r} of de.Variable "
+                f"{self.params.name!r} is applied where no lookup of it ran. Under "
+                "ParameterServerStrategy the lookup and the optimizer step must be in "
+                "the same tf.function (a Keras train_step, or the step a "
+                "ClusterCoordinator schedules), and the lookup outside tf.cond / "
+                "tf.while_loop bodies."
+            )
+        return record
+
     def _appends(self) -> bool:
         """Whether this lookup appends to the buffer (True) or overwrites it; records
         the lookup for the next call's decision."""
@@ -195,6 +259,8 @@ class TrainableRows:
     def holds_one_lookup(self) -> bool:
         """Whether the buffer, as the current graph (or eager context) sees it, was
         written by exactly one lookup, so that its `ids` are distinct."""
+        if self.records:
+            return self._record_here().lookups == 1
         if tf.executing_eagerly():
             return self._pending_eager and self._eager_lookups == 1
         graph = tf.compat.v1.get_default_graph()
@@ -215,13 +281,9 @@ class TrainableRows:
         else:  # a dense gradient: one row per buffer row
             values = tf.convert_to_tensor(gradient)
             index = tf.range(tf.shape(values)[0])
-        # Read the buffer after the forward pass wrote it (TF1 graphs order nothing else).
-        with tf.control_dependencies([values, index]):
-            keys = tf.gather(self.ids.read_value(), index)
-            old_rows = tf.gather(self.variable.read_value(), index)
-            exists = tf.gather(self.exists.read_value(), index)
-        if tf.executing_eagerly():
-            self._pending_eager = False
+        keys, old_rows, exists = self._contents(values, index)
+        keys, old_rows, exists = (tf.gather(t, index) for t in (keys, old_rows, exists))
+        self._mark_consumed()
         return keys, old_rows, exists, values
 
     def consume_distinct(self, gradient: tf.IndexedSlices):
@@ -229,40 +291,98 @@ class TrainableRows:
         keys, rows and existence as they are, the gradient summed per buffer row
         (`[rows, dim]`), and the buffer rows each gradient row adds to (`[n]`)."""
         values, index = gradient.values, gradient.indices
-        with tf.control_dependencies([values, index]):
-            keys = self.ids.read_value()
-            old_rows = self.variable.read_value()
-            exists = self.exists.read_value()
+        keys, old_rows, exists = self._contents(values, index)
         count = tf.shape(keys, out_type=index.dtype)[0]
         grad = tf.math.unsorted_segment_sum(values, index, count)
+        self._mark_consumed()
+        return keys, old_rows, exists, grad, index
+
+    def _contents(self, values, index) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The distinct keys, rows and existence the step's lookups read."""
+        if self.records:
+            return self._record_here().tensors()
+        # Read the buffer after the forward pass wrote it (TF1 graphs order nothing else).
+        with tf.control_dependencies([values, index]):
+            return self.ids.read_value(), self.variable.read_value(), self.exists.read_value()
+
+    def _mark_consumed(self) -> None:
         if tf.executing_eagerly():
             self._pending_eager = False
-        return keys, old_rows, exists, grad, index
 
     def __repr__(self) -> str:
         return f"<de.TrainableRows of {self.params.name!r} name={self.name!r}>"
+
+
+class _StepRecord:
+    """Record mode: the tensors the lookups of one view made in one step (one traced
+    graph, or eagerly until an optimizer step consumes them)."""
+
+    def __init__(self):
+        self.ids, self.exists, self.rows = [], [], []
+
+    @property
+    def lookups(self) -> int:
+        return len(self.ids)
+
+    def append(self, ids, exists, rows, index) -> tf.Tensor:
+        """Adds one lookup's distinct ids, existence and rows; returns `index` shifted
+        to positions in the whole record."""
+        offset = self.size(index.dtype)
+        self.ids.append(ids)
+        self.exists.append(exists)
+        self.rows.append(rows)
+        return index + offset
+
+    def size(self, dtype=tf.int32) -> tf.Tensor:
+        """The number of rows recorded so far."""
+        sizes = [tf.shape(ids, out_type=dtype)[0] for ids in self.ids]
+        return tf.add_n(sizes) if sizes else tf.constant(0, dtype)
+
+    def tensors(self) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`(ids, rows, exists)` of every recorded lookup, concatenated."""
+        if self.lookups == 1:
+            return self.ids[0], self.rows[0], self.exists[0]
+        return tf.concat(self.ids, 0), tf.concat(self.rows, 0), tf.concat(self.exists, 0)
+
+
+def _gather_with_token_gradient(token, rows, index, positions, size):
+    """`tf.gather(rows, index)`, whose gradient with respect to `token` is the
+    `IndexedSlices` `(upstream, positions)` over a `[size, dim]` record (`positions`:
+    `index` shifted to this lookup's place in the record; the rows themselves, read
+    from a table, have no gradient)."""
+
+    @tf.custom_gradient
+    def gather(token_value, rows):
+        del token_value  # read only so that the tape links the output to the token
+
+        def grad(upstream):
+            dense_shape = tf.stack([tf.cast(size, tf.int64), tf.shape(rows, out_type=tf.int64)[1]])
+            return tf.IndexedSlices(upstream, positions, dense_shape), None
+
+        return tf.gather(rows, index), grad
+
+    return gather(token, rows)
 
 
 def _scope_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "lookup"
 
 
-def _refuse_parameter_server_strategy(params) -> None:
-    """ParameterServerStrategy runs one function trace on every worker, concurrently;
-    the view's buffers would be one set of variables (on the coordinator) that all
-    workers write in the same step, so keys would be lost or updated twice. Refused
-    until views need no per-step state (see docs/scaling.md)."""
+def _under_parameter_server_strategy() -> bool:
+    """Whether views are made under a ParameterServerStrategy (record mode)."""
     if not tf.distribute.has_strategy():
-        return
-    strategy = tf.distribute.get_strategy()
-    if "ParameterServerStrategy" in type(strategy).__name__:
-        raise NotImplementedError(
-            f"Training de.Variable {params.name!r} under {type(strategy).__name__} is not "
-            "supported yet: its workers would share one trainable view and race on it. "
-            "Use TF1 between-graph training (tf.compat.v1.train.replica_device_setter + "
-            "MonitoredTrainingSession, tables on /job:ps devices) or MirroredStrategy; "
-            "see docs/scaling.md."
-        )
+        return False
+    return "ParameterServerStrategy" in type(tf.distribute.get_strategy()).__name__
+
+
+def _token(initial_rows: tf.Tensor, params):
+    """Record mode's trainable variable: `[0, dim]`, never written, on the device of
+    the variable's first shard (a parameter server; every worker reads it each step, 0
+    bytes), outside the strategy's variable creator (nothing to aggregate). Its shape
+    is fully defined: a worker deserialising a remote handle whose shape has an unknown
+    dimension aborts (TF 2.21, `RemoteMgr::DeserializeRemoteTensorHandle`)."""
+    with tf.device(params.tables[0].resource_handle.device), _outside_strategy():
+        return tf.Variable(initial_rows, trainable=True, name="token")
 
 
 def _maybe_device(device: Optional[str]):

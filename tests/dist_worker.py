@@ -299,41 +299,201 @@ def ps(args):
     server.join()
 
 
-def pss_custom_loop(args):
-    """The coordinator of a ParameterServerStrategy cluster: a ClusterCoordinator custom
-    loop training a de.Variable on the PS tasks. Returns the error it raises."""
+def _pss(args):
+    """The ParameterServerStrategy and ClusterCoordinator of this chief."""
     import tensorflow as tf
-    import tensorflow_dynemb as de
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(args["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc"
     )
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    with strategy.scope():
-        emb = de.Variable(
-            tf.int64, tf.float32, dim=2, devices=ps_devices(len(args["cluster"]["ps"])),
-            name="pss_emb", bp_v2=True,
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+class TF2Model:
+    """TF1Model's regression (`emb`, the shared `counter` key, a dense bias) as TF2
+    objects; SGD with bp_v2=True, so that every worker's step moves the counter."""
+
+    def __init__(self, devices):
+        import tensorflow as tf
+        import tensorflow_dynemb as de
+
+        self.emb = de.get_variable(
+            "emb", dim=DIM, devices=devices,
+            initializer=tf.keras.initializers.RandomNormal(0.0, 0.1, seed=3),
         )
-        optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.25))
-    placement = [t.resource_handle.device for t in emb.tables]
+        self.counter = de.get_variable("counter", dim=2, devices=devices, initializer=0.0)
+        self.bias = tf.Variable(tf.zeros([DIM]), name="bias")
+        self.optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(LR), bp_v2=True)
+        self.checkpoint = tf.train.Checkpoint(
+            emb=self.emb, counter=self.counter, bias=self.bias, optimizer=self.optimizer
+        )
+
+    def loss(self, ids, rows):
+        import tensorflow as tf
+
+        pred = rows + BIAS_SCALE * self.bias
+        target = tf.math.sin(tf.cast(ids, tf.float32)[:, None] * tf.range(1.0, DIM + 1.0) * 0.37)
+        return 0.5 * tf.reduce_sum(tf.square(pred - target))
+
+    def step(self, ids):
+        """One training step of one worker."""
+        import tensorflow as tf
+        import tensorflow_dynemb as de
+
+        with tf.GradientTape() as tape:
+            rows, user = de.embedding_lookup(self.emb, ids, name="user", return_trainable=True)
+            shared, counter = de.embedding_lookup(
+                self.counter, tf.constant([SHARED_KEY], tf.int64), name="shared",
+                return_trainable=True,
+            )
+            loss = self.loss(ids, rows) + tf.reduce_sum(shared)
+        variables = [user, counter, self.bias]
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+    def eval_loss(self):
+        import tensorflow as tf
+
+        keys = tf.range(NUM_KEYS, dtype=tf.int64)
+        pred = self.emb.lookup(keys) + BIAS_SCALE * self.bias
+        return float(tf.reduce_mean(tf.reduce_sum(tf.square(pred - targets(np.arange(NUM_KEYS))), 1)))
+
+    def state(self):
+        return content({k: (v.numpy() if hasattr(v, "numpy") else [x.numpy() for x in v])
+                        for k, v in state_tensors(self.emb, self.counter).items()})
+
+
+def pss_custom_loop(args):
+    """The coordinator of a ParameterServerStrategy cluster: a ClusterCoordinator custom
+    loop over the batches of every task of the TF1 test (`steps` each), then a
+    checkpoint of the trained state."""
+    import tensorflow as tf
+
+    strategy, coordinator = _pss(args)
+    with strategy.scope():
+        model = TF2Model(ps_devices(len(args["cluster"]["ps"])))
 
     @tf.function
     def step(ids):
-        def replica_fn(ids):
-            with tf.GradientTape() as tape:
-                rows, view = de.embedding_lookup(emb, ids, name="u", return_trainable=True)
-                loss = tf.reduce_sum(rows)
-            optimizer.apply_gradients(zip(tape.gradient(loss, [view]), [view]))
+        strategy.run(model.step, args=(ids,))
 
-        strategy.run(replica_fn, args=(ids,))
+    initial = model.eval_loss()
+    scheduled = 0
+    for job, index in (("chief", 0), ("worker", 0), ("worker", 1)):
+        for ids in batches(job, index, args["steps"]):
+            coordinator.schedule(step, args=(tf.constant(ids),))
+            scheduled += 1
+    coordinator.join()
+    result = {
+        "placement": {
+            "emb": [t.resource_handle.device for t in model.emb.tables],
+            "counter": [t.resource_handle.device for t in model.counter.tables],
+            "bias": model.bias.device,
+        },
+        "scheduled": scheduled,
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "eval_losses": [initial, model.eval_loss()],
+        "state": model.state(),
+    }
+    result["checkpoint"] = model.checkpoint.write(os.path.join(args["workdir"], "pss", "ckpt"))
+    return result
 
+
+def pss_failover(args):
+    """A ClusterCoordinator loop that checkpoints after `every` steps, writes
+    `progress`, then keeps scheduling paced steps while the test kills a PS. Returns
+    the error the coordinator raised and the checkpointed state."""
+    import tensorflow as tf
+
+    strategy, coordinator = _pss(args)
+    with strategy.scope():
+        model = TF2Model(ps_devices(len(args["cluster"]["ps"])))
+
+    @tf.function
+    def step(ids):
+        strategy.run(model.step, args=(ids,))
+
+    ids = batches("chief", 0, 1)[0]
+    for _ in range(args["every"]):
+        coordinator.schedule(step, args=(tf.constant(ids),))
+    coordinator.join()
+    saved = {"state": model.state(), "iterations": int(model.optimizer.iterations.numpy())}
+    saved["checkpoint"] = model.checkpoint.write(os.path.join(args["workdir"], "pssf", "ckpt"))
+    with open(args["progress"], "w") as f:
+        f.write("saved")
+    raised = None
     try:
-        coordinator.schedule(step, args=(tf.constant([1, 2], tf.int64),))
+        for _ in range(args["more_steps"]):
+            coordinator.schedule(step, args=(tf.constant(ids),))
+            time.sleep(args["pace"])
         coordinator.join()
-    except NotImplementedError as e:
-        return {"placement": placement, "raised": str(e)}
-    return {"placement": placement, "raised": None}
+    except Exception as e:  # what a user's loop sees
+        raised = f"{type(e).__name__}: {e}"
+    return dict(saved, raised=raised)
+
+
+def pss_keras_fit(args):
+    """The chief of a ParameterServerStrategy cluster training a tf_keras model with
+    `model.fit` (tf_keras: Keras 3 has no ParameterServerStrategy support): a
+    `de.keras.layers.Embedding` on the PS regressing each id's target row, Adam."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow as tf
+    import tf_keras
+    import tensorflow_dynemb as de
+
+    strategy, _ = _pss(args)
+    ids = np.concatenate([np.concatenate(batches(j, i, args["steps"]))
+                          for j, i in (("chief", 0), ("worker", 0), ("worker", 1))])
+    with strategy.scope():
+        embedding = de.keras.layers.Embedding(
+            DIM, devices=ps_devices(len(args["cluster"]["ps"])), name="emb",
+            initializer=tf_keras.initializers.RandomNormal(0.0, 0.1, seed=3),
+        )
+        inputs = tf_keras.Input((), dtype=tf.int64)
+        model = tf_keras.Model(inputs, embedding(inputs))
+        model.compile(
+            de.DynamicEmbeddingOptimizer(tf_keras.optimizers.Adam(0.05)), loss="mse"
+        )
+
+    def eval_loss():
+        keys = np.arange(NUM_KEYS)
+        return float(np.mean((embedding.params.lookup(keys).numpy() - targets(keys)) ** 2))
+
+    dataset = tf.data.Dataset.from_tensor_slices((ids, targets(ids))).repeat().batch(BATCH)
+    initial = eval_loss()
+    steps = len(ids) // BATCH
+    model.fit(dataset, epochs=2, steps_per_epoch=steps, verbose=0)
+    slots = embedding.params.get_slot_variables(model.optimizer)
+    return {
+        "placement": [t.resource_handle.device for t in embedding.params.tables],
+        "slot_placement": [[t.resource_handle.device for t in s.tables] for s in slots],
+        "sizes": [int(embedding.params.size(i)) for i in range(embedding.params.shard_num)],
+        "slot_sizes": [int(s.size()) for s in slots],
+        "eval_losses": [initial, eval_loss()],
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "steps": 2 * steps,
+    }
+
+
+def pss_restore(args):
+    """Restores `pss_custom_loop`'s checkpoint into variables on the PS of another
+    cluster (this process a client of it), or into one local shard without a cluster."""
+    import tensorflow as tf
+
+    if args.get("cluster"):
+        tf.config.experimental_connect_to_cluster(
+            tf.train.ClusterSpec(args["cluster"]), job_name="chief", task_index=0
+        )
+        devices = ps_devices(len(args["cluster"]["ps"]))
+    else:
+        devices = ["/CPU:0"]
+    model = TF2Model(devices)
+    model.checkpoint.read(args["checkpoint"]).assert_existing_objects_matched()
+    return {
+        "state": model.state(),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "eval_loss": model.eval_loss(),
+    }
 
 
 def server(args):
@@ -349,7 +509,7 @@ def server(args):
     ).join()
 
 
-MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
+MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "pss_restore": pss_restore, "pss_keras_fit": pss_keras_fit, "pss_failover": pss_failover, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
 
 
 def main(argv):

@@ -252,31 +252,124 @@ def test_tf1_ps_killed_mid_training_waits_and_recovers_from_checkpoint():
 
 
 # ----------------------------------------------------------------------------------------
-# ParameterServerStrategy: refused with a clear error (docs/scaling.md says why)
+# ParameterServerStrategy (TF2): a ClusterCoordinator custom loop and Keras model.fit
 # ----------------------------------------------------------------------------------------
 
 
-def test_parameter_server_strategy_is_refused_clearly():
-    """Tables are created on the PS tasks, but training refuses: the workers would
-    share one trainable view (on the coordinator) and race on it (measured: keys lost
-    and keys updated twice with 2 workers)."""
+def _run_pss_chief(mode: str, tag: str, num_workers: int = 2, num_ps: int = 2, **args):
+    """Runs `mode` as the chief of a fresh ParameterServerStrategy cluster (workers are
+    servers only); returns its result and the cluster's working directory."""
     workdir = temp_workdir()
-    with cu.LocalCluster(cu.make_cluster(2, 2), workdir, "pss") as cluster:
+    with cu.LocalCluster(cu.make_cluster(num_workers, num_ps), workdir, tag) as cluster:
+        workers = [
+            cu.start("server", {"cluster": cluster.spec, "job": "worker", "index": i},
+                     cluster.log("worker", i))
+            for i in range(num_workers)
+        ]
+        try:
+            return cu.result_of(
+                cluster.run_task(mode, "chief", 0, **args), cluster.log("chief", 0), TIMEOUT
+            ), workdir
+        finally:
+            for proc in workers:
+                cu._kill(proc)
+
+
+@functools.lru_cache(maxsize=None)
+def pss_results():
+    """The TF1 test's batches (every task's) scheduled on 2 workers by a ClusterCoordinator
+    custom loop, 2 PS; then the checkpoint restored in one local process (1 shard) and
+    into a cluster of 3 PS."""
+    train, workdir = _run_pss_chief("pss_custom_loop", "pss", steps=STEPS)
+    local_log = f"{workdir}/pss-restore-local.log"
+    local = cu.start("pss_restore", {"checkpoint": train["checkpoint"]}, local_log)
+    with cu.LocalCluster(cu.make_cluster(0, 3), workdir, "pssr3") as cluster3:
+        restored3 = cu.result_of(
+            cluster3.run_task("pss_restore", "chief", 0, checkpoint=train["checkpoint"]),
+            cluster3.log("chief", 0),
+            TIMEOUT,
+        )
+    return {"train": train, "local": cu.result_of(local, local_log, TIMEOUT), "cluster3": restored3}
+
+
+def test_pss_custom_loop_trains_tables_on_the_ps():
+    train = pss_results()["train"]
+    for var in ("emb", "counter"):
+        assert train["placement"][var] == [
+            "/job:ps/replica:0/task:0/device:CPU:0",
+            "/job:ps/replica:0/task:1/device:CPU:0",
+        ]
+    assert train["state"]["sizes"] == _expected_shard_sizes(2)
+    initial, final = train["eval_losses"]
+    assert final < 0.01 * initial, (initial, final)
+
+
+def test_pss_async_workers_bp_v2_all_count():
+    """Both workers move one shared key by -LR per step, concurrently: with bp_v2 every
+    scheduled step counts. (Keras 3's own `iterations` may not: its `assign_add` is a
+    read and an assign, which concurrent workers interleave.)"""
+    train = pss_results()["train"]
+    assert train["scheduled"] == STEPS * len(TASKS)
+    assert train["state"]["counter"] == [-dw.LR * train["scheduled"]] * 2
+    assert train["state"]["counter_size"] == 1
+    assert 0 < train["iterations"] <= train["scheduled"]
+
+
+@pytest.mark.parametrize("where", ["local", "cluster3"])
+def test_pss_checkpoint_restores_into_other_shardings(where):
+    results = pss_results()
+    trained, restored = results["train"], results[where]
+    assert_same_content(restored["state"], trained["state"])
+    assert restored["iterations"] == trained["iterations"]
+    assert restored["state"]["sizes"] == _expected_shard_sizes(1 if where == "local" else 3)
+    np.testing.assert_allclose(restored["eval_loss"], trained["eval_losses"][-1], rtol=1e-5)
+
+
+def test_pss_keras_model_fit_trains_layer_and_slots_on_the_ps():
+    """tf_keras `model.fit` under ParameterServerStrategy (Keras 3 has no support for
+    that strategy): a de.keras.layers.Embedding and its Adam slots on the 2 PS, every
+    step applied, the regression learned."""
+    result, _ = _run_pss_chief("pss_keras_fit", "pssfit", steps=STEPS // 3)
+    ps = ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
+    assert result["placement"] == ps
+    assert result["slot_placement"] == [ps, ps]  # Adam's m and v
+    keys = sum(result["sizes"])
+    assert result["slot_sizes"] == [keys, keys]
+    assert min(result["sizes"]) > 0
+    assert result["iterations"] == result["steps"]
+    initial, final = result["eval_losses"]
+    assert final < 0.1 * initial, (initial, final)
+
+
+def test_pss_ps_killed_mid_training_fails_clearly_and_checkpoint_keeps_everything():
+    """Under ParameterServerStrategy a dead PS is fatal (TF's documented behaviour for
+    that strategy): the coordinator raises UnavailableError naming the PS within
+    seconds; restarting from the last checkpoint loses nothing it saved."""
+    workdir = temp_workdir()
+    progress = f"{workdir}/progress"
+    with cu.LocalCluster(cu.make_cluster(2, 2), workdir, "pssf") as cluster:
         workers = [
             cu.start("server", {"cluster": cluster.spec, "job": "worker", "index": i},
                      cluster.log("worker", i))
             for i in range(2)
         ]
         try:
-            result = cu.result_of(
-                cluster.run_task("pss_custom_loop", "chief", 0), cluster.log("chief", 0), TIMEOUT
+            chief = cluster.run_task(
+                "pss_failover", "chief", 0, every=5, more_steps=400, pace=0.05, progress=progress
             )
+            assert cu.wait_for_file(progress, TIMEOUT), cu._tail(cluster.log("chief", 0))
+            cluster.kill_ps(1)
+            result = cu.result_of(chief, cluster.log("chief", 0), TIMEOUT)
         finally:
             for proc in workers:
                 cu._kill(proc)
-    assert result["placement"] == [
-        "/job:ps/replica:0/task:0/device:CPU:0",
-        "/job:ps/replica:0/task:1/device:CPU:0",
-    ]
-    assert result["raised"] is not None
-    assert "ParameterServerStrategy" in result["raised"] and "scaling.md" in result["raised"]
+    assert result["raised"].startswith("UnavailableError"), result["raised"]
+    assert "/job:ps/replica:0/task:1" in result["raised"]
+    restore_log = f"{workdir}/pssf-restore.log"
+    restored = cu.result_of(
+        cu.start("pss_restore", {"checkpoint": result["checkpoint"]}, restore_log),
+        restore_log,
+        TIMEOUT,
+    )
+    assert_same_content(restored["state"], result["state"])
+    assert restored["iterations"] == result["iterations"]

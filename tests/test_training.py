@@ -32,6 +32,7 @@ import tensorflow as tf
 import tf_keras
 
 import tensorflow_dynemb as de
+from tensorflow_dynemb import trainable as trainable_module
 from _tables_util import graph_mode_results, scenario_result, temp_workdir
 from training_worker import (
     GRAPH_ADAM_LR,
@@ -170,6 +171,16 @@ PER_KEY_CASES = (
 # ----------------------------------------------------------------------------------------
 
 SEEN_KEYS = np.unique(np.concatenate(STEP_IDS))
+
+
+@pytest.fixture(params=["buffers", "records"])
+def views(request, monkeypatch):
+    """Runs a test with both kinds of trainable view: the variable buffers used by
+    default, and the per-graph records used under ParameterServerStrategy (forced here
+    without a cluster; tests/test_distributed.py runs them on one)."""
+    if request.param == "records":
+        monkeypatch.setattr(trainable_module, "_under_parameter_server_strategy", lambda: True)
+    return request.param
 
 
 class Run(NamedTuple):
@@ -428,7 +439,7 @@ def test_matches_per_key_reference(make_optimizer):
         pytest.param(tf1_optimizers()["Momentum"], id="tf1-Momentum"),
     ],
 )
-def test_per_key_reference_shards_and_dims(make_optimizer, dim, shards):
+def test_per_key_reference_shards_and_dims(make_optimizer, dim, shards, views):
     expected = run_per_key_reference(make_optimizer, dim=dim)
     assert_runs_close(run_dynamic(make_optimizer, shards, dim), expected)
 
@@ -444,7 +455,7 @@ def test_per_key_reference_shards_and_dims(make_optimizer, dim, shards):
         pytest.param(tf1_optimizers()["Adam"], id="tf1-Adam"),
     ],
 )
-def test_train_step_in_tf_function(make_optimizer):
+def test_train_step_in_tf_function(make_optimizer, views):
     """The whole step (lookup, tape, apply_gradients) traced once in a tf.function."""
     expected = run_per_key_reference(make_optimizer, dim=10)
     assert_runs_close(run_dynamic(make_optimizer, compiled=True), expected)
@@ -535,7 +546,7 @@ def rows_of(var: de.Variable, keys) -> np.ndarray:
 
 
 @pytest.mark.parametrize("make_sgd", SGD_FAMILIES)
-def test_duplicate_ids_sum_their_gradients(make_sgd):
+def test_duplicate_ids_sum_their_gradients(make_sgd, views):
     var = ones_variable("duplicates")
     optimizer = de.DynamicEmbeddingOptimizer(make_sgd())
     with tf.GradientTape() as tape:
@@ -550,7 +561,7 @@ def test_duplicate_ids_sum_their_gradients(make_sgd):
 
 
 @pytest.mark.parametrize("make_sgd", SGD_FAMILIES)
-def test_two_lookup_names_in_one_step(make_sgd):
+def test_two_lookup_names_in_one_step(make_sgd, views):
     """Two lookups of one variable under two names, applied in one call: both train,
     and a key read by both gets both gradients."""
     var = ones_variable("two_names")
@@ -567,7 +578,7 @@ def test_two_lookup_names_in_one_step(make_sgd):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
 @pytest.mark.parametrize("make_sgd", SGD_FAMILIES)
-def test_one_name_looked_up_twice_in_one_step(make_sgd, compiled):
+def test_one_name_looked_up_twice_in_one_step(make_sgd, compiled, views):
     """Two lookups with the same name before one optimizer step (a layer shared by two
     features), twice: both lookups' gradients reach their keys in every step."""
     var = ones_variable("same_name")
