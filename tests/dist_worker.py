@@ -399,6 +399,57 @@ def pss_custom_loop(args):
     return result
 
 
+def pss_keras3_layer_loop(args):
+    """The chief of a ParameterServerStrategy cluster training a Keras 3 model of a
+    de.keras.layers.Embedding (on the PS) with a ClusterCoordinator custom loop."""
+    import keras
+    import tensorflow as tf
+    import tensorflow_dynemb as de
+
+    strategy, coordinator = _pss(args)
+    with strategy.scope():
+        embedding = de.keras.layers.Embedding(
+            DIM, devices=ps_devices(len(args["cluster"]["ps"])), name="emb",
+            initializer=keras.initializers.RandomNormal(0.0, 0.1, seed=3),
+        )
+        inputs = keras.Input((), dtype="int64")
+        model = keras.Model(inputs, keras.layers.Dense(DIM)(embedding(inputs)))
+        optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.02))
+
+    @tf.function
+    def step(ids):
+        def replica_fn(ids):
+            with tf.GradientTape() as tape:
+                pred = model(ids, training=True)
+                loss = tf.reduce_mean(tf.square(pred - tf.math.sin(
+                    tf.cast(ids, tf.float32)[:, None] * tf.range(1.0, DIM + 1.0) * 0.37)))
+            variables = model.trainable_variables
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+        strategy.run(replica_fn, args=(ids,))
+
+    def eval_loss():
+        keys = np.arange(NUM_KEYS)
+        return float(np.mean((model(keys).numpy() - targets(keys)) ** 2))
+
+    initial = eval_loss()
+    scheduled = 0
+    for _ in range(args["epochs"]):
+        for job, index in (("chief", 0), ("worker", 0), ("worker", 1)):
+            for ids in batches(job, index, args["steps"]):
+                coordinator.schedule(step, args=(tf.constant(ids),))
+                scheduled += 1
+    coordinator.join()
+    slots = embedding.params.get_slot_variables(optimizer)
+    return {
+        "placement": [t.resource_handle.device for t in embedding.params.tables],
+        "slot_placement": [[t.resource_handle.device for t in s.tables] for s in slots],
+        "sizes": [int(embedding.params.size(i)) for i in range(embedding.params.shard_num)],
+        "eval_losses": [initial, eval_loss()],
+        "scheduled": scheduled,
+    }
+
+
 def pss_failover(args):
     """A ClusterCoordinator loop that checkpoints after `every` steps, writes
     `progress`, then keeps scheduling paced steps while the test kills a PS. Returns
@@ -509,7 +560,7 @@ def server(args):
     ).join()
 
 
-MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "pss_restore": pss_restore, "pss_keras_fit": pss_keras_fit, "pss_failover": pss_failover, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
+MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "pss_restore": pss_restore, "pss_keras_fit": pss_keras_fit, "pss_failover": pss_failover, "pss_keras3_layer_loop": pss_keras3_layer_loop, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
 
 
 def main(argv):

@@ -6,7 +6,9 @@ live on the PS tasks, each worker's trainable views on the worker; asynchronous
 workers with bp_v2 all count; training converges; the content the PS hold is what
 the chief saw; the checkpoint restores into one local shard and into a cluster of
 3 PS; a PS killed and restarted mid-training: the session waits, then restores the
-last checkpoint. MirroredStrategy (one process, 2 logical CPUs): synchronous training
+last checkpoint. ParameterServerStrategy (1 chief, 2 workers, 2 PS): a ClusterCoordinator
+loop (bp_v2, checkpoints resharded), tf_keras `model.fit`, a Keras 3 layer loop, and a
+killed PS (a clear error; the checkpoint keeps everything). MirroredStrategy (one process, 2 logical CPUs): synchronous training
 equal to one device on the whole batch.
 """
 
@@ -30,7 +32,12 @@ STEPS = 30
 
 
 def _expected_shard_sizes(num_shards: int):
-    keys = np.unique(np.concatenate([np.concatenate(dw.batches(j, i, STEPS)) for j, i in TASKS]))
+    return _expected_shard_sizes_of_steps(STEPS, num_shards)
+
+
+def _expected_shard_sizes_of_steps(steps: int, num_shards: int):
+    """Keys per shard after every task's first `steps` batches."""
+    keys = np.unique(np.concatenate([np.concatenate(dw.batches(j, i, steps)) for j, i in TASKS]))
     shards = de.default_partition_fn(tf.constant(keys), num_shards).numpy()
     return [int(np.sum(shards == s)) for s in range(num_shards)]
 
@@ -333,9 +340,9 @@ def test_pss_keras_model_fit_trains_layer_and_slots_on_the_ps():
     ps = ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
     assert result["placement"] == ps
     assert result["slot_placement"] == [ps, ps]  # Adam's m and v
+    assert result["sizes"] == _expected_shard_sizes_of_steps(STEPS // 3, 2)
     keys = sum(result["sizes"])
     assert result["slot_sizes"] == [keys, keys]
-    assert min(result["sizes"]) > 0
     assert result["iterations"] == result["steps"]
     initial, final = result["eval_losses"]
     assert final < 0.1 * initial, (initial, final)
@@ -373,3 +380,16 @@ def test_pss_ps_killed_mid_training_fails_clearly_and_checkpoint_keeps_everythin
     )
     assert_same_content(restored["state"], result["state"])
     assert restored["iterations"] == result["iterations"]
+
+
+def test_pss_keras3_layer_custom_loop():
+    """Keras 3 (no model.fit under this strategy): a model of a de.keras.layers.Embedding
+    and a Dense layer trained by a ClusterCoordinator loop; table and Adam slots on the
+    PS, the regression learned."""
+    result, _ = _run_pss_chief("pss_keras3_layer_loop", "pssk3", steps=STEPS // 3, epochs=3)
+    ps = ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
+    assert result["placement"] == ps
+    assert result["slot_placement"] == [ps, ps]
+    assert result["sizes"] == _expected_shard_sizes_of_steps(STEPS // 3, 2)
+    initial, final = result["eval_losses"]
+    assert final < 0.2 * initial, (initial, final)
