@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import tensorflow as tf
 import tf_keras
 
 from tensorflow_dynemb.keras._saving import SlotTablesSaving
@@ -45,7 +46,11 @@ class TfKerasDynamicEmbeddingOptimizer(
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):
         pairs = list(grads_and_vars)
         if not getattr(self, "_built", False):
-            self.build([v for _, v in pairs])
+            # Out of the function being traced, as tf_keras builds its own optimizers:
+            # slot variables created inside a MirroredStrategy replica's trace get
+            # lifted initialisers that capture that trace's tensors.
+            with tf.init_scope():
+                self.build([v for _, v in pairs])
         self._apply_pairs(
             pairs, lambda dense: self.inner_optimizer.apply_gradients(dense, name=name, **kwargs)
         )

@@ -547,6 +547,61 @@ def pss_restore(args):
     }
 
 
+# Ids per global batch of 4 examples: replica 0 gets the first 2 rows, replica 1 the
+# last 2; ids 1 and 2 are in both replicas' halves (their gradients must add up).
+MIRRORED_IDS = np.array(
+    [[[1, 2], [3, 1], [1, 5], [2, 2]], [[7, 1], [2, 3], [1, 1], [5, 7]], [[2, 9], [1, 3], [9, 2], [1, 2]]],
+    np.int64,
+)
+MIRRORED_LABELS = np.array([[1.0], [0.0], [0.5], [-1.0]], np.float32)
+
+
+def mirrored_fit(args):
+    """`model.fit` of a de.keras.layers.Embedding model on a 2-replica MirroredStrategy
+    and on one device, with the Keras `tf.keras` is in this process (`legacy_keras`:
+    set TF_USE_LEGACY_KERAS=1 first, in a fresh process with 2 logical CPUs)."""
+    if args.get("legacy_keras"):
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow as tf
+
+    if args.get("legacy_keras"):
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import tensorflow_dynemb as de
+
+    def build(strategy):
+        with strategy.scope():
+            ids = tf.keras.Input(shape=(2,), dtype="int64")
+            x = de.keras.layers.Embedding(
+                3, initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=4), name="user"
+            )(ids)
+            out = tf.keras.layers.Dense(1, kernel_initializer="ones")(tf.keras.layers.Flatten()(x))
+            model = tf.keras.Model(ids, out)
+            model.compile(optimizer=tf.keras.optimizers.Adam(0.1), loss="mse")
+        return model
+
+    x = MIRRORED_IDS.reshape(-1, 2)
+    y = np.tile(MIRRORED_LABELS, (len(MIRRORED_IDS), 1))
+    runs = {}
+    for name, strategy in (
+        ("mirrored", tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])),
+        ("one", tf.distribute.get_strategy()),
+    ):
+        model = build(strategy)
+        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        layer = model.get_layer("user")
+        keys, values = layer.params.export()
+        order = np.argsort(keys.numpy())
+        runs[name] = {
+            "losses": [float(v) for v in history.history["loss"]],
+            "keys": keys.numpy()[order].tolist(),
+            "rows": values.numpy()[order].tolist(),
+            "dense": [w.tolist() for w in model.layers[-1].get_weights()],
+            "slot_sizes": [int(s.size()) for s in layer.params.slot_variables],
+        }
+    return runs
+
+
 def server(args):
     """A worker (or any task) of a ParameterServerStrategy cluster: a server only."""
     import tensorflow as tf
@@ -560,7 +615,7 @@ def server(args):
     ).join()
 
 
-MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "pss_restore": pss_restore, "pss_keras_fit": pss_keras_fit, "pss_failover": pss_failover, "pss_keras3_layer_loop": pss_keras3_layer_loop, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
+MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "pss_restore": pss_restore, "pss_keras_fit": pss_keras_fit, "pss_failover": pss_failover, "pss_keras3_layer_loop": pss_keras3_layer_loop, "mirrored_fit": mirrored_fit, "tf1_train": tf1_train, "tf1_failover": tf1_failover, "tf1_restore": tf1_restore, "tf1_inspect": tf1_inspect}
 
 
 def main(argv):

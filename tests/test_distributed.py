@@ -130,56 +130,30 @@ def test_tf1_checkpoint_restores_into_other_shardings(where):
 # MirroredStrategy: one process, 2 logical CPUs (conftest.py makes 3), synchronous
 # ----------------------------------------------------------------------------------------
 
-# Ids per global batch of 4 examples: replica 0 gets the first 2 rows, replica 1 the
-# last 2; ids 1 and 2 are in both replicas' halves (their gradients must add up).
-MIRRORED_IDS = np.array(
-    [[[1, 2], [3, 1], [1, 5], [2, 2]], [[7, 1], [2, 3], [1, 1], [5, 7]], [[2, 9], [1, 3], [9, 2], [1, 2]]],
-    np.int64,
-)
-MIRRORED_LABELS = np.array([[1.0], [0.0], [0.5], [-1.0]], np.float32)
-
-
-def _keras_model(strategy):
-    with strategy.scope():
-        ids = tf.keras.Input(shape=(2,), dtype="int64")
-        x = de.keras.layers.Embedding(
-            3, initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=4), name="user"
-        )(ids)
-        out = tf.keras.layers.Dense(1, kernel_initializer="ones")(tf.keras.layers.Flatten()(x))
-        model = tf.keras.Model(ids, out)
-        model.compile(optimizer=tf.keras.optimizers.Adam(0.1), loss="mse")
-    return model
+@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+def test_mirrored_keras_fit_matches_one_device(flavor):
+    """model.fit with a 2-replica MirroredStrategy trains exactly as one device on the
+    whole batch: every replica's ids are looked up, their gradients summed per id over
+    the replicas and applied once (Adam's slots too, or the second step would differ).
+    Keras 3 in this process, tf_keras in a subprocess (`TF_USE_LEGACY_KERAS=1`)."""
+    if flavor == "keras3":
+        runs = dw.mirrored_fit({})
+    else:
+        log = f"{temp_workdir()}/mirrored-tf_keras.log"
+        runs = cu.result_of(cu.start("mirrored_fit", {"legacy_keras": True}, log), log, TIMEOUT)
+    mirrored, one = runs["mirrored"], runs["one"]
+    assert mirrored["keys"] == one["keys"] == [1, 2, 3, 5, 7, 9]
+    np.testing.assert_allclose(mirrored["losses"], one["losses"], rtol=1e-5)
+    np.testing.assert_allclose(mirrored["rows"], one["rows"], rtol=1e-5, atol=1e-6)
+    for got, expected in zip(mirrored["dense"], one["dense"]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert mirrored["slot_sizes"] == one["slot_sizes"] == [6, 6]
 
 
 def _table(variable):
     keys, values = variable.export()
     order = np.argsort(keys.numpy())
     return keys.numpy()[order], values.numpy()[order]
-
-
-def test_mirrored_keras_fit_matches_one_device():
-    """model.fit with a 2-replica MirroredStrategy trains exactly as one device on the
-    whole batch: every replica's ids are looked up, their gradients summed per id over
-    the replicas and applied once (Adam's slots too, or the second step would differ)."""
-    x = MIRRORED_IDS.reshape(-1, 2)
-    y = np.tile(MIRRORED_LABELS, (len(MIRRORED_IDS), 1))
-    runs = {}
-    for name, strategy in (
-        ("mirrored", tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])),
-        ("one", tf.distribute.get_strategy()),
-    ):
-        model = _keras_model(strategy)
-        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-        layer = model.get_layer("user")
-        runs[name] = (history.history["loss"], _table(layer.params), model.layers[-1].get_weights())
-        slots = layer.params.slot_variables
-        runs[name] += ([int(s.size()) for s in slots],)
-    assert runs["mirrored"][1][0].tolist() == runs["one"][1][0].tolist() == [1, 2, 3, 5, 7, 9]
-    np.testing.assert_allclose(runs["mirrored"][0], runs["one"][0], rtol=1e-5)
-    np.testing.assert_allclose(runs["mirrored"][1][1], runs["one"][1][1], rtol=1e-5, atol=1e-6)
-    for got, expected in zip(runs["mirrored"][2], runs["one"][2]):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    assert runs["mirrored"][3] == runs["one"][3] == [6, 6]
 
 
 def test_mirrored_custom_loop_sums_duplicates_across_replicas():
