@@ -109,11 +109,11 @@ class ScratchPool {
 
  private:
   struct Block {
-    void* ptr;
+    void* ptr = nullptr;
     size_t bytes;
     bool in_use;
   };
-  GpuAllocator* allocator_;
+  GpuAllocator* allocator_ = nullptr;
   std::vector<Block> blocks_;
 };
 
@@ -131,7 +131,7 @@ class Scratch {
   }
 
  private:
-  ScratchPool* pool_;
+  ScratchPool* pool_ = nullptr;
 };
 
 // A table's storage: the device view kernels get, and the host address of
@@ -224,7 +224,7 @@ class GpuTable final : public Table {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     if (defaults == nullptr) return InvalidArgument("Find: defaults must not be null");
-    cudaStream_t stream;
+    cudaStream_t stream = nullptr;
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
     DYNEMB_RETURN_IF_ERROR(Begin(stream));
@@ -267,7 +267,7 @@ class GpuTable final : public Table {
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, keys, "keys"));
-    cudaStream_t stream;
+    cudaStream_t stream = nullptr;
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
     DYNEMB_RETURN_IF_ERROR(Begin(stream));
@@ -560,12 +560,12 @@ class GpuTable final : public Table {
   Status Group(const K* keys, int64_t n, cudaStream_t stream, Scratch* scratch,
                GroupedBatch<K>* out) {
     const uint64_t un = static_cast<uint64_t>(n);
-    uint32_t* positions;
-    K* sorted_keys;
-    uint32_t* sorted_pos;
-    uint8_t* flags;
-    uint32_t* starts;
-    uint32_t* num_keys;
+    uint32_t* positions = nullptr;
+    K* sorted_keys = nullptr;
+    uint32_t* sorted_pos = nullptr;
+    uint8_t* flags = nullptr;
+    uint32_t* starts = nullptr;
+    uint32_t* num_keys = nullptr;
     DYNEMB_RETURN_IF_ERROR(scratch->Get(un, &positions));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(un, &sorted_keys));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(un, &sorted_pos));
@@ -584,7 +584,7 @@ class GpuTable final : public Table {
     DYNEMB_CUDA_RETURN(cub::DeviceSelect::Flagged(nullptr, select_bytes, index, flags, starts,
                                                   num_keys, static_cast<int>(n), stream),
                        "cub Flagged (size)");
-    char* temp;
+    char* temp = nullptr;
     DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(sort_bytes, select_bytes), &temp));
     DYNEMB_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted_keys,
                                                        positions, sorted_pos, static_cast<int>(n),
@@ -613,7 +613,7 @@ class GpuTable final : public Table {
   // ------------------------------------------------------------ write batch
   Status Write(const K* keys, int64_t n, WriteArgs a, bool is_insert, EvictedEntries* evicted,
                const Runner& runner) {
-    cudaStream_t stream;
+    cudaStream_t stream = nullptr;
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
     DYNEMB_RETURN_IF_ERROR(Begin(stream));
@@ -645,7 +645,7 @@ class GpuTable final : public Table {
     }
     // First round: keys present now. Rows of absent keys are marked, and the
     // distinct absent keys that will insert are counted.
-    uint32_t* key_of_row;
+    uint32_t* key_of_row = nullptr;
     DYNEMB_RETURN_IF_ERROR(scratch.Get(un, &key_of_row));
     DYNEMB_CUDA_RETURN(cudaMemsetAsync(key_of_row, 0xff, un * sizeof(uint32_t), stream),
                        "cudaMemsetAsync");
@@ -696,7 +696,7 @@ class GpuTable final : public Table {
     std::vector<uint64_t> lowest_ages(static_cast<size_t>(num_lowest));
     DYNEMB_RETURN_IF_ERROR(SortedSlots(/*by_score=*/true, stream, scratch, &lowest_slots));
     if (num_lowest > 0) {
-      uint64_t* tmp;
+      uint64_t* tmp = nullptr;
       DYNEMB_RETURN_IF_ERROR(scratch->Get(static_cast<size_t>(num_lowest), &tmp));
       DYNEMB_RETURN_IF_ERROR(GatherU64(storage_.t.scores, lowest_slots, num_lowest, tmp, stream));
       DYNEMB_RETURN_IF_ERROR(CopyToHostOn(stream, lowest_scores.data(), tmp, num_lowest * 8));
@@ -742,7 +742,7 @@ class GpuTable final : public Table {
     stays.insert(stays.end(), plan.evicted.begin(), plan.evicted.end());
     DYNEMB_RETURN_IF_ERROR(EnsureRoom(plan.kept.size(), stream));
     if (!stays.empty()) {
-      PlannedStay* d_stays;
+      PlannedStay* d_stays = nullptr;
       DYNEMB_RETURN_IF_ERROR(scratch->Get(stays.size(), &d_stays));
       DYNEMB_RETURN_IF_ERROR(CopyToDevice(d_stays, stays.data(), stays.size() * sizeof(PlannedStay), stream));
       gpu::ApplyStaysKernel<K><<<WarpGrid(stays.size(), num_sms_), kBlockThreads, 0, stream>>>(
@@ -753,8 +753,8 @@ class GpuTable final : public Table {
     // 3. Rows turned away, reported last.
     const uint64_t turned = plan.turned_away_pos.size();
     if (turned > 0 && evicted != nullptr) {
-      uint32_t* d_pos;
-      uint64_t* d_scores;
+      uint32_t* d_pos = nullptr;
+      uint64_t* d_scores = nullptr;
       DYNEMB_RETURN_IF_ERROR(scratch->Get(turned, &d_pos));
       DYNEMB_RETURN_IF_ERROR(scratch->Get(turned, &d_scores));
       DYNEMB_RETURN_IF_ERROR(CopyToDevice(d_pos, plan.turned_away_pos.data(), turned * 4, stream));
@@ -813,8 +813,8 @@ class GpuTable final : public Table {
   Status SortedSlots(bool by_score, cudaStream_t stream, Scratch* scratch, uint32_t** out) {
     const int n = static_cast<int>(size_);
     const uint64_t slots = storage_.t.num_slots();
-    uint32_t *a, *b, *count;
-    uint64_t *key_a, *key_b;
+    uint32_t *a = nullptr, *b = nullptr, *count = nullptr;
+    uint64_t *key_a = nullptr, *key_b = nullptr;
     DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(n, 1), &a));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(n, 1), &b));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(1, &count));
@@ -831,7 +831,7 @@ class GpuTable final : public Table {
     DYNEMB_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, key_a, key_b, a, b,
                                                        n, 0, 64, stream),
                        "cub SortPairs (size)");
-    char* temp;
+    char* temp = nullptr;
     DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(select_bytes, sort_bytes), &temp));
     DYNEMB_CUDA_RETURN(cub::DeviceSelect::If(temp, select_bytes, index, a, count,
                                              static_cast<int64_t>(slots), occupied, stream),
@@ -857,7 +857,7 @@ class GpuTable final : public Table {
   // first (table.h: a restored table then breaks ties as this one would).
   Status GatherAll(int64_t n, const EntrySink<K>& out, Scratch* scratch) {
     if (n == 0) return Status::Ok();
-    uint32_t* slots;
+    uint32_t* slots = nullptr;
     DYNEMB_RETURN_IF_ERROR(SortedSlots(/*by_score=*/false, stream_, scratch, &slots));
     gpu::GatherEntriesKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream_>>>(
         storage_.t, slots, static_cast<uint64_t>(n), out);
