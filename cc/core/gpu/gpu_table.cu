@@ -455,7 +455,7 @@ class GpuTable final : public Table {
     const uint64_t need = static_cast<uint64_t>(used_) + new_keys;
     if (need <= SlotsLimit(storage_.t.num_buckets)) return Status::Ok();
     const uint64_t keys = static_cast<uint64_t>(size_) + new_keys;
-    uint64_t buckets = storage_.t.num_buckets;
+    uint64_t buckets = std::max<uint64_t>(1, storage_.t.num_buckets);  // 0 after a failed Clear
     // Growing: aim for half the load limit, so growth is amortized.
     while (buckets < MaxBuckets() && SlotsLimit(buckets) < 2 * keys) buckets *= 2;
     if (SlotsLimit(buckets) < keys) {
@@ -815,7 +815,9 @@ class GpuTable final : public Table {
     const uint64_t slots = storage_.t.num_slots();
     uint32_t *a = nullptr, *b = nullptr, *count = nullptr;
     uint64_t *key_a = nullptr, *key_b = nullptr;
-    DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(n, 1), &a));
+    // `a` has room for every slot, so a size_ that disagreed with the tags
+    // (a bug) is reported below rather than overrunning a buffer.
+    DYNEMB_RETURN_IF_ERROR(scratch->Get(slots, &a));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(n, 1), &b));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(1, &count));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(std::max(n, 1), &key_a));
@@ -836,6 +838,14 @@ class GpuTable final : public Table {
     DYNEMB_CUDA_RETURN(cub::DeviceSelect::If(temp, select_bytes, index, a, count,
                                              static_cast<int64_t>(slots), occupied, stream),
                        "cub Select::If");
+    // The buffers hold size_ slots: check that the table agrees (host sync).
+    uint32_t selected = 0;
+    DYNEMB_RETURN_IF_ERROR(CopyToHostOn(stream, &selected, count, sizeof(selected)));
+    if (selected != static_cast<uint32_t>(n)) {
+      return Status(StatusCode::kInternal, "GPU table: " + std::to_string(selected) +
+                                               " occupied slots, but size is " +
+                                               std::to_string(n));
+    }
     // Ages are unique: sorting the occupied slots by age orders them oldest first.
     DYNEMB_RETURN_IF_ERROR(GatherU64(storage_.t.ages, a, n, key_a, stream));
     DYNEMB_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(temp, sort_bytes, key_a, key_b, a, b, n,
