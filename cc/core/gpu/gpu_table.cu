@@ -227,18 +227,19 @@ class GpuTable final : public Table {
     cudaStream_t stream = nullptr;
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
-    DYNEMB_RETURN_IF_ERROR(Begin(stream));
-    const bool touch = options_.find_updates_scores &&
-                       (options_.strategy == EvictStrategy::kLru ||
-                        options_.strategy == EvictStrategy::kEpochLru);
-    const ScoreRule rule{options_.strategy, touch ? NextClock() : 0, CurrentEpoch()};
-    gpu::FindKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
-        storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n),
-        static_cast<char*>(values), exists, static_cast<const char*>(defaults), default_per_key,
-        touch, rule, misses_);
-    DYNEMB_CUDA_RETURN(cudaGetLastError(), "FindKernel launch");
-    lookups_ += static_cast<uint64_t>(n);
-    return End(stream);  // asynchronous: the caller synchronizes its stream
+    // Asynchronous: the caller synchronizes its stream.
+    return Ordered(stream, [&] {
+      const bool touch = options_.find_updates_scores &&
+                         (options_.strategy == EvictStrategy::kLru ||
+                          options_.strategy == EvictStrategy::kEpochLru);
+      const ScoreRule rule{options_.strategy, touch ? NextClock() : 0, CurrentEpoch()};
+      gpu::FindKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
+          storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n),
+          static_cast<char*>(values), exists, static_cast<const char*>(defaults),
+          default_per_key, touch, rule, misses_);
+      lookups_ += static_cast<uint64_t>(n);
+      return CudaStatus(cudaGetLastError(), "FindKernel launch");
+    });
   }
 
   Status InsertAndEvict(const void* keys, int64_t n, const void* values, const uint64_t* scores,
@@ -270,13 +271,13 @@ class GpuTable final : public Table {
     cudaStream_t stream = nullptr;
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
-    DYNEMB_RETURN_IF_ERROR(Begin(stream));
-    DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream));
-    gpu::RemoveKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
-        storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n), batch_counters_);
-    DYNEMB_CUDA_RETURN(cudaGetLastError(), "RemoveKernel launch");
-    DYNEMB_RETURN_IF_ERROR(ReadBatchCounters(stream));  // Size() is kept on the host
-    return End(stream);
+    return Ordered(stream, [&] {
+      DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream));
+      gpu::RemoveKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
+          storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n), batch_counters_);
+      DYNEMB_CUDA_RETURN(cudaGetLastError(), "RemoveKernel launch");
+      return ReadBatchCounters(stream);  // host sync: Size() is kept on the host
+    });
   }
 
   void Clear() override {
@@ -298,18 +299,7 @@ class GpuTable final : public Table {
 
   Status Export(ExportSink* sink) override {
     std::lock_guard<std::mutex> lock(mu_);
-    DYNEMB_RETURN_IF_ERROR(Begin(stream_));
-    const int64_t n = size_;
-    void* keys = nullptr;
-    void* values = nullptr;
-    uint64_t* scores = nullptr;
-    DYNEMB_RETURN_IF_ERROR(sink->Allocate(n, &keys, &values, &scores));
-    Scratch scratch(&pool_);
-    DYNEMB_RETURN_IF_ERROR(GatherAll(n, EntrySink<K>{static_cast<K*>(keys),
-                                                     static_cast<char*>(values), scores},
-                                     &scratch));
-    DYNEMB_CUDA_RETURN(cudaStreamSynchronize(stream_), "Export");
-    return End(stream_);
+    return Ordered(stream_, [&] { return ExportLocked(sink); });
   }
 
   // Gathers the whole table into device scratch, then hands it to the sink in
@@ -319,7 +309,24 @@ class GpuTable final : public Table {
       return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    DYNEMB_RETURN_IF_ERROR(Begin(stream_));
+    return Ordered(stream_, [&] { return ExportChunksLocked(chunk_rows, sink); });
+  }
+
+ private:
+  Status ExportLocked(ExportSink* sink) {
+    const int64_t n = size_;
+    void* keys = nullptr;
+    void* values = nullptr;
+    uint64_t* scores = nullptr;
+    DYNEMB_RETURN_IF_ERROR(sink->Allocate(n, &keys, &values, &scores));
+    Scratch scratch(&pool_);
+    DYNEMB_RETURN_IF_ERROR(GatherAll(n, EntrySink<K>{static_cast<K*>(keys),
+                                                     static_cast<char*>(values), scores},
+                                     &scratch));
+    return CudaStatus(cudaStreamSynchronize(stream_), "Export");
+  }
+
+  Status ExportChunksLocked(int64_t chunk_rows, const ChunkSink& sink) {
     const int64_t n = size_;
     Scratch scratch(&pool_);
     EntrySink<K> all;
@@ -340,10 +347,9 @@ class GpuTable final : public Table {
       DYNEMB_RETURN_IF_ERROR(
           sink(keys.data(), static_cast<int64_t>(m), values.data(), scores.data()));
     }
-    return End(stream_);
+    return Status::Ok();
   }
 
- private:
   // ------------------------------------------------------------------ checks
   Status CheckBatch(const void* keys, int64_t n, const void* data, const char* what) const {
     if (n < 0 || n > int64_t{0x7fffffff}) {
@@ -372,6 +378,16 @@ class GpuTable final : public Table {
   }
   Status End(cudaStream_t stream) {
     return CudaStatus(cudaEventRecord(done_, stream), "cudaEventRecord");
+  }
+  // Runs body() (which queues work on `stream`) between Begin and End; End is
+  // recorded after an error too, so the next operation still orders after
+  // whatever body() queued.
+  template <typename Body>
+  Status Ordered(cudaStream_t stream, Body&& body) {
+    DYNEMB_RETURN_IF_ERROR(Begin(stream));
+    const Status status = body();
+    const Status ended = End(stream);
+    return status.ok() ? ended : status;
   }
 
   // ----------------------------------------------------------------- storage
@@ -616,11 +632,7 @@ class GpuTable final : public Table {
     cudaStream_t stream = nullptr;
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
-    DYNEMB_RETURN_IF_ERROR(Begin(stream));
-    Status status = WriteLocked(keys, n, a, is_insert, evicted, stream);
-    // Record even after an error, so the next operation orders after this one.
-    const Status ended = End(stream);
-    return status.ok() ? ended : status;
+    return Ordered(stream, [&] { return WriteLocked(keys, n, a, is_insert, evicted, stream); });
   }
 
   Status WriteLocked(const K* keys, int64_t n, WriteArgs a, bool is_insert,
