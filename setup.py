@@ -374,6 +374,17 @@ def _deps_up_to_date(obj: str, depfile: str) -> bool:
     return True
 
 
+def _objects_and_stale(sources: list[str], obj_dir: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The object file of each source in obj_dir, and the (source, object) pairs to rebuild."""
+    objects, todo = [], []
+    for src in sources:
+        obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
+        objects.append(obj)
+        if not _deps_up_to_date(obj, obj + ".d"):
+            todo.append((src, obj))
+    return objects, todo
+
+
 def _prune_object_dirs(keep: str, name: str, max_dirs: int = 4) -> None:
     """Keeps the `max_dirs` most recently used object dirs of extension `name`."""
     dirs = [d for d in glob.glob(os.path.join(OBJ_ROOT, name + "-*")) if os.path.isdir(d)]
@@ -403,12 +414,7 @@ def make_compile(compiler, ext_name: str, jobs: int, fingerprint: str):
             f.write(key)
         _prune_object_dirs(obj_dir, ext_name)
 
-        objects, todo = [], []
-        for src in sources:
-            obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
-            objects.append(obj)
-            if not _deps_up_to_date(obj, obj + ".d"):
-                todo.append((src, obj))
+        objects, todo = _objects_and_stale(sources, obj_dir)
         print(f"tensorflow_dynemb: {ext_name}: compiling {len(todo)} of {len(sources)} "
               f"sources with {jobs} jobs (objects in {obj_dir})", flush=True)
         if todo:
@@ -544,12 +550,7 @@ class BuildExt(_build_ext):
         key = json.dumps(base)
         obj_dir = os.path.join(OBJ_ROOT, f"{ext.name}.cuda-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
         os.makedirs(obj_dir, exist_ok=True)
-        objects, todo = [], []
-        for src in ext.cuda_sources:
-            obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
-            objects.append(obj)
-            if not _deps_up_to_date(obj, obj + ".d"):
-                todo.append((src, obj))
+        objects, todo = _objects_and_stale(ext.cuda_sources, obj_dir)
         print(f"tensorflow_dynemb: {ext.name}: compiling {len(todo)} of {len(objects)} CUDA "
               f"sources with {self._jobs} jobs (objects in {obj_dir})", flush=True)
 

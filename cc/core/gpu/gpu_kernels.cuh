@@ -109,9 +109,21 @@ struct WriteArgs {
   uint32_t elem_bytes = 0;
 };
 
+// Claims a slot for `key` (absent, and inserted by this warp alone) and
+// writes the key into it; the caller writes the rest, then PublishTag.
+// Returns kNoSlot, counted as a failure, if no slot is free.
 template <typename K>
-__device__ void WriteNewKey(const DeviceTable<K>& t, uint64_t slot, K key, int lane) {
+__device__ uint64_t ClaimNewKey(const DeviceTable<K>& t, K key, uint64_t hash, int lane,
+                                WarpCounts* counts) {
+  bool was_empty = false;
+  const uint64_t slot = WarpClaim(t, hash, lane, &was_empty);
+  if (slot == kNoSlot) {
+    ++counts->failures();
+    return kNoSlot;
+  }
+  counts->Claimed(was_empty);
   if (lane == 0) t.keys[slot] = key;
+  return slot;
 }
 
 // Insert rows [b, e) of one distinct key, present at `slot` (or absent:
@@ -131,14 +143,8 @@ __device__ void InsertKeyRows(const DeviceTable<K>& t, const GroupedBatch<K>& ba
   }
   const uint32_t last = batch.sorted_pos[e - 1];
   if (!existed) {
-    bool was_empty = false;
-    slot = WarpClaim(t, hash, lane, &was_empty);
-    if (slot == kNoSlot) {
-      ++counts->failures();
-      return;
-    }
-    counts->Claimed(was_empty);
-    WriteNewKey(t, slot, key, lane);
+    slot = ClaimNewKey(t, key, hash, lane, counts);
+    if (slot == kNoSlot) return;
     ++counts->inserts();
     counts->updates() += e - b - 1;
   } else {
@@ -171,14 +177,8 @@ __device__ void AccumKeyRows(const DeviceTable<K>& t, const GroupedBatch<K>& bat
       score = a.rule.Score(true, score);
       ++counts->updates();
     } else if (!a.exists[p] && !present) {
-      bool was_empty = false;
-      slot = WarpClaim(t, hash, lane, &was_empty);
-      if (slot == kNoSlot) {
-        ++counts->failures();
-        return;
-      }
-      counts->Claimed(was_empty);
-      WriteNewKey(t, slot, key, lane);
+      slot = ClaimNewKey(t, key, hash, lane, counts);
+      if (slot == kNoSlot) return;
       WarpCopy(t.Row(slot), delta, t.value_bytes, lane);
       score = a.rule.Score(false, 0);
       present = claimed = true;
@@ -289,16 +289,10 @@ __global__ void __launch_bounds__(kBlockThreads)
       occupied &= occupied - 1;
       const K key = from.keys[slot];
       const uint64_t hash = HashKey(key);
-      bool was_empty = false;
-      const uint64_t dst = WarpClaim(to, hash, lane, &was_empty);
-      if (dst == kNoSlot) {
-        ++counts.failures();
-        continue;
-      }
-      counts.Claimed(was_empty);
+      const uint64_t dst = ClaimNewKey(to, key, hash, lane, &counts);
+      if (dst == kNoSlot) continue;
       WarpCopy(to.Row(dst), from.Row(slot), from.value_bytes, lane);
       if (lane == 0) {
-        to.keys[dst] = key;
         to.scores[dst] = from.scores[slot];
         to.ages[dst] = from.ages[slot];
         PublishTag(to, dst, hash);
@@ -316,21 +310,25 @@ struct EntrySink {
   uint64_t* scores = nullptr;
 };
 
+// Out row i = the entry in `slot`, written by the whole warp.
+template <typename K>
+__device__ void WarpEmitEntry(const DeviceTable<K>& t, uint64_t slot, uint64_t i,
+                              const EntrySink<K>& out, int lane) {
+  if (out.values != nullptr) {
+    WarpCopy(out.values + i * t.value_bytes, t.Row(slot), t.value_bytes, lane);
+  }
+  if (lane == 0) {
+    if (out.keys != nullptr) out.keys[i] = t.keys[slot];
+    if (out.scores != nullptr) out.scores[i] = t.scores[slot];
+  }
+}
+
 // out[i] = the entry in slots[i], for i < n.
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherEntriesKernel(DeviceTable<K> t, const uint32_t* slots, uint64_t n, EntrySink<K> out) {
   const int lane = Lane();
-  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
-    const uint64_t slot = slots[i];
-    if (out.values != nullptr) {
-      WarpCopy(out.values + i * t.value_bytes, t.Row(slot), t.value_bytes, lane);
-    }
-    if (lane == 0) {
-      if (out.keys != nullptr) out.keys[i] = t.keys[slot];
-      if (out.scores != nullptr) out.scores[i] = t.scores[slot];
-    }
-  }
+  for (uint64_t i = WarpId(); i < n; i += NumWarps()) WarpEmitEntry(t, slots[i], i, out, lane);
 }
 
 // Reports the stored entries in slots[0, n) as evicted (out rows [0, n)) and
@@ -341,15 +339,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int lane = Lane();
   for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
     const uint64_t slot = slots[i];
-    if (out.values != nullptr) {
-      WarpCopy(out.values + i * t.value_bytes, t.Row(slot), t.value_bytes, lane);
-    }
-    if (lane == 0) {
-      const K key = t.keys[slot];
-      if (out.keys != nullptr) out.keys[i] = key;
-      if (out.scores != nullptr) out.scores[i] = t.scores[slot];
-      SwapTag(t, slot, TagOf(HashKey(key)), kDeletedTag);
-    }
+    WarpEmitEntry(t, slot, i, out, lane);
+    if (lane == 0) SwapTag(t, slot, TagOf(HashKey(t.keys[slot])), kDeletedTag);
   }
 }
 
@@ -375,13 +366,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     char* dst = nullptr;
     uint64_t slot = kNoSlot;
     if (kept) {
-      bool was_empty = false;
-      slot = WarpClaim(t, hash, lane, &was_empty);
-      if (slot == kNoSlot) {
-        ++counts.failures();
-        continue;
-      }
-      counts.Claimed(was_empty);
+      slot = ClaimNewKey(t, key, hash, lane, &counts);
+      if (slot == kNoSlot) continue;
       dst = t.Row(slot);
     } else if (out.values != nullptr) {
       dst = out.values + (i - num_kept) * t.value_bytes;
@@ -403,7 +389,6 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
     if (lane == 0) {
       if (kept) {
-        t.keys[slot] = key;
         t.scores[slot] = stay.score;
         t.ages[slot] = stay.age;
         PublishTag(t, slot, hash);
