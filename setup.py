@@ -9,6 +9,13 @@ Two C++ extensions are built:
   the *target* environment; it does not link libpython.
 * ``tensorflow_dynemb._core`` -- a pybind11 module over cc/core alone (no
   TensorFlow), for tests and benchmarks of the core.
+* ``tensorflow_dynemb._core_gpu`` -- only when CUDA is enabled: the same module
+  surface over the GPU table (cc/core/gpu, cc/bindings_gpu); .cu sources are
+  compiled with nvcc, cudart is linked statically. Enabled by DYNEMB_CUDA=1;
+  DYNEMB_CUDA=0 disables it; unset, it is built when nvcc is on PATH and
+  nvidia-smi lists a GPU. Without it nothing of the build changes.
+  (Architectures: DYNEMB_CUDA_ARCHS, default "80;90": SASS for each, plus PTX
+  of the last.)
 
 Sources are globbed, so new .cc files are picked up without editing this file.
 An extension whose sources are not written yet is skipped with a warning.
@@ -73,6 +80,7 @@ os.chdir(HERE)
 PKG = "tensorflow_dynemb"
 OPS_EXT = f"{PKG}._dynemb_ops"
 CORE_EXT = f"{PKG}._core"
+GPU_EXT = f"{PKG}._core_gpu"
 # Incremental object cache (DYNEMB_OBJ_DIR overrides it; CI builds from scratch).
 OBJ_ROOT = os.path.abspath(os.environ.get("DYNEMB_OBJ_DIR") or os.path.join("build", "dynemb-obj"))
 # Flags common to both extensions. -g0 overrides the -g in Python's CFLAGS: TF
@@ -103,6 +111,43 @@ def header_files() -> list[str]:
 
 def _warn(msg: str) -> None:
     print(f"\n*** tensorflow_dynemb setup.py: WARNING: {msg}\n", file=sys.stderr, flush=True)
+
+
+def _gpu_listed() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0 and "GPU" in proc.stdout
+
+
+def cuda_enabled() -> bool:
+    """DYNEMB_CUDA=1/0 decides; unset: nvcc on PATH and a GPU listed by nvidia-smi."""
+    flag = os.environ.get("DYNEMB_CUDA", "").strip().lower()
+    if flag:
+        return flag not in ("0", "false", "no", "off")
+    return shutil.which("nvcc") is not None and _gpu_listed()
+
+
+def cuda_home() -> str:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    nvcc = shutil.which("nvcc")
+    if os.path.isfile("/usr/local/cuda/bin/nvcc") or nvcc is None:
+        return "/usr/local/cuda"
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+
+
+def nvcc_arch_flags() -> list[str]:
+    archs = [a.strip() for a in os.environ.get("DYNEMB_CUDA_ARCHS", "80;90").split(";") if a.strip()]
+    flags = []
+    for a in archs:
+        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    return flags + ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
 
 
 def make_extensions() -> list[Extension]:
@@ -152,6 +197,20 @@ def make_extensions() -> list[Extension]:
         )
     else:
         _warn(f"skipping {CORE_EXT}: no cc/bindings/*.cc sources yet.")
+
+    if bindings and cuda_enabled():
+        from pybind11.setup_helpers import Pybind11Extension
+
+        gpu = Pybind11Extension(
+            GPU_EXT,
+            sources=core + _glob("cc/core/gpu/*.cc") + _glob("cc/bindings_gpu/*.cc"),
+            include_dirs=[HERE],
+            depends=header_files() + _glob("cc/**/*.cuh"),
+            cxx_std=17,
+            extra_compile_args=list(COMMON_CXX_FLAGS),
+        )
+        gpu.cuda_sources = _glob("cc/core/gpu/*.cu")  # compiled by BuildExt with nvcc
+        exts.append(gpu)
     return exts
 
 
@@ -315,6 +374,17 @@ def _deps_up_to_date(obj: str, depfile: str) -> bool:
     return True
 
 
+def _objects_and_stale(sources: list[str], obj_dir: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The object file of each source in obj_dir, and the (source, object) pairs to rebuild."""
+    objects, todo = [], []
+    for src in sources:
+        obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
+        objects.append(obj)
+        if not _deps_up_to_date(obj, obj + ".d"):
+            todo.append((src, obj))
+    return objects, todo
+
+
 def _prune_object_dirs(keep: str, name: str, max_dirs: int = 4) -> None:
     """Keeps the `max_dirs` most recently used object dirs of extension `name`."""
     dirs = [d for d in glob.glob(os.path.join(OBJ_ROOT, name + "-*")) if os.path.isdir(d)]
@@ -344,12 +414,7 @@ def make_compile(compiler, ext_name: str, jobs: int, fingerprint: str):
             f.write(key)
         _prune_object_dirs(obj_dir, ext_name)
 
-        objects, todo = [], []
-        for src in sources:
-            obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
-            objects.append(obj)
-            if not _deps_up_to_date(obj, obj + ".d"):
-                todo.append((src, obj))
+        objects, todo = _objects_and_stale(sources, obj_dir)
         print(f"tensorflow_dynemb: {ext_name}: compiling {len(todo)} of {len(sources)} "
               f"sources with {jobs} jobs (objects in {obj_dir})", flush=True)
         if todo:
@@ -474,7 +539,47 @@ class BuildExt(_build_ext):
         )
         return info, build_info
 
+    def _compile_cuda(self, ext):
+        """Compiles ext.cuda_sources with nvcc (in parallel, incrementally, like
+        make_compile) and adds the objects and cudart to the link."""
+        home = cuda_home()
+        nvcc = os.path.join(home, "bin", "nvcc")
+        if not os.path.isfile(nvcc):
+            nvcc = shutil.which("nvcc") or nvcc
+        base = [nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", *nvcc_arch_flags(), f"-I{HERE}"]
+        key = json.dumps(base)
+        obj_dir = os.path.join(OBJ_ROOT, f"{ext.name}.cuda-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+        os.makedirs(obj_dir, exist_ok=True)
+        objects, todo = _objects_and_stale(ext.cuda_sources, obj_dir)
+        print(f"tensorflow_dynemb: {ext.name}: compiling {len(todo)} of {len(objects)} CUDA "
+              f"sources with {self._jobs} jobs (objects in {obj_dir})", flush=True)
+
+        def one(src, obj):
+            os.makedirs(os.path.dirname(obj), exist_ok=True)
+            tmp = f"{obj}.tmp{os.getpid()}"
+            cmd = base + ["-c", src, "-o", tmp, "-MD", "-MF", obj + ".d", "-MT", obj]
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            with _print_lock:
+                print(f"  [nvcc] {src}", flush=True)
+                if proc.returncode != 0 or proc.stdout.strip():
+                    print(" ".join(shlex.quote(c) for c in cmd) + "\n" + proc.stdout, flush=True)
+            if proc.returncode != 0:
+                return src
+            os.replace(tmp, obj)
+            return None
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self._jobs)) as pool:
+            failures = [f for f in pool.map(lambda t: one(*t), todo) if f]
+        if failures:
+            raise CompileError(f"{ext.name}: nvcc failed: {', '.join(failures)}")
+        lib_dirs = [d for d in (os.path.join(home, "lib64"), *glob.glob(os.path.join(home, "targets", "*", "lib")))
+                    if os.path.isdir(d)]
+        ext.extra_objects = list(objects)
+        ext.extra_link_args = [f"-L{d}" for d in lib_dirs] + ["-lcudart_static", "-ldl", "-lrt", "-lpthread"]
+
     def build_extension(self, ext):
+        if ext.name == GPU_EXT:
+            self._compile_cuda(ext)
         fingerprint = ""
         if ext.name == OPS_EXT:
             info, self._build_info_text = self._configure_ops_extension(ext)

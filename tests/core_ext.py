@@ -59,7 +59,7 @@ def _newest_input_mtime() -> float:
     return max((p.stat().st_mtime for p in _all_inputs()), default=0.0)
 
 
-def _prebuilt_candidates() -> list[Path]:
+def _prebuilt_candidates(stem: str = "_core") -> list[Path]:
     suffixes = importlib.machinery.EXTENSION_SUFFIXES
     dirs = [REPO / "tensorflow_dynemb"]
     # find_spec on a top-level package locates it without executing it.
@@ -70,7 +70,7 @@ def _prebuilt_candidates() -> list[Path]:
     found = []
     for d in dirs:
         for suffix in suffixes:
-            p = d / f"_core{suffix}"
+            p = d / f"{stem}{suffix}"
             if p.is_file() and p not in found:
                 found.append(p)
     return found
@@ -84,13 +84,19 @@ def _pybind11_include() -> str | None:
     return pybind11.get_include()
 
 
-def _compile_objects(sources: list[Path], obj_dir: Path, extra: list[str]) -> list[Path]:
-    """Compiles each source to an object file, in parallel (one per CPU)."""
+def _compile_objects(sources: list[Path], obj_dir: Path, extra: list[str],
+                     cuda_flags: tuple[str, ...] = ()) -> list[Path]:
+    """Compiles each source to an object file, in parallel (one per CPU).
+
+    `.cu` sources are compiled with nvcc and `cuda_flags` (see core_gpu_ext.py)."""
     cxx = os.environ.get("CXX", "g++")
 
     def one(src: Path) -> Path:
         obj = obj_dir / (hashlib.sha1(str(src).encode()).hexdigest()[:12] + src.stem + ".o")
-        cmd = [cxx, *CXXFLAGS, f"-I{REPO}", *extra, "-c", str(src), "-o", str(obj)]
+        if src.suffix == ".cu":
+            cmd = [*cuda_flags, f"-I{REPO}", "-c", str(src), "-o", str(obj)]
+        else:
+            cmd = [cxx, *CXXFLAGS, f"-I{REPO}", *extra, "-c", str(src), "-o", str(obj)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"compiling {src} failed:\n{' '.join(cmd)}\n{proc.stderr}")
@@ -100,18 +106,22 @@ def _compile_objects(sources: list[Path], obj_dir: Path, extra: list[str]) -> li
         return list(pool.map(one, sources))
 
 
-def _source_hash(sources: list[Path], extra: str) -> str:
+def _source_hash(sources: list[Path], extra: str, inputs: list[Path]) -> str:
     h = hashlib.sha256(extra.encode())
-    for p in _all_inputs() + sources:
+    for p in inputs + sources:
         h.update(str(p.relative_to(REPO)).encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
-def build(sources: list[Path], name: str, shared: bool, flags: tuple[str, ...] = ()) -> Path:
+def build(sources: list[Path], name: str, shared: bool, flags: tuple[str, ...] = (),
+          cuda_flags: tuple[str, ...] = (), link_flags: tuple[str, ...] = (),
+          inputs: list[Path] | None = None) -> Path:
     """Builds `sources` into build/core_ext/<hash>/<name>, reusing a cached build.
 
-    `flags` are extra compile and link flags (e.g. sanitizers).
+    `flags` are extra compile and link flags (e.g. sanitizers); `cuda_flags` the
+    nvcc command and flags for `.cu` sources; `link_flags` extra link flags;
+    `inputs` the files whose change makes the build stale (default: the core's).
     """
     if shutil.which(os.environ.get("CXX", "g++")) is None:
         pytest.skip("no C++ compiler (g++) to build the core extension")
@@ -120,17 +130,19 @@ def build(sources: list[Path], name: str, shared: bool, flags: tuple[str, ...] =
         if _pybind11_include() is None:
             pytest.skip("pybind11 is not installed: cannot build the core extension")
         extra += [f"-I{_pybind11_include()}", f"-I{sysconfig.get_paths()['include']}"]
-    out_dir = REPO / "build" / "core_ext" / _source_hash(sources, " ".join(CXXFLAGS + extra))
+    key = " ".join(CXXFLAGS + extra + list(cuda_flags) + list(link_flags))
+    out_dir = REPO / "build" / "core_ext" / _source_hash(
+        sources, key, _all_inputs() if inputs is None else inputs)
     target = out_dir / name
     if target.is_file():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        objs = _compile_objects(sources, Path(tmp), extra)
+        objs = _compile_objects(sources, Path(tmp), extra, cuda_flags)
         tmp_target = Path(tmp) / name
         cmd = [os.environ.get("CXX", "g++"), *CXXFLAGS, *flags]
         cmd += ["-shared"] if shared else []
-        cmd += [str(o) for o in objs] + ["-o", str(tmp_target)]
+        cmd += [str(o) for o in objs] + list(link_flags) + ["-o", str(tmp_target)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"linking {name} failed:\n{' '.join(cmd)}\n{proc.stderr}")
@@ -138,9 +150,9 @@ def build(sources: list[Path], name: str, shared: bool, flags: tuple[str, ...] =
     return target
 
 
-def _load(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, str(path), loader=loader)
+def _load(path: Path, module_name: str = MODULE_NAME) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
+    spec = importlib.util.spec_from_file_location(module_name, str(path), loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

@@ -45,6 +45,19 @@
 
 namespace py = pybind11;
 
+// The same bindings are compiled a second time as tensorflow_dynemb._core_gpu
+// (cc/bindings_gpu/core_gpu_module.cc), which defines these three hooks
+// before including this file: the module name, the table factory, and a
+// function adding GPU-only methods.
+#ifndef DYNEMB_CORE_MODULE_NAME
+#define DYNEMB_CORE_MODULE_NAME _core
+#endif
+#ifndef DYNEMB_NEW_TABLE
+#define DYNEMB_NEW_TABLE(options, status) NewCpuTable(options, status)
+#endif
+#define DYNEMB_STRINGIFY_(x) #x
+#define DYNEMB_STRINGIFY(x) DYNEMB_STRINGIFY_(x)
+
 namespace dynemb {
 namespace {
 
@@ -571,7 +584,8 @@ class PyTable {
  public:
   PyTable(const std::string& key_dtype, const std::string& value_dtype, int64_t dim,
           int64_t init_capacity, int64_t max_capacity, const std::string& strategy,
-          bool find_updates_scores, int64_t step_per_epoch, int num_threads) {
+          bool find_updates_scores, int64_t step_per_epoch, int num_threads,
+          int64_t max_hbm_for_values) {
     TableOptions options;
     if (!ParseKeyType(key_dtype, &options.key_type)) {
       throw py::value_error("key_dtype: expected one of 'int32', 'int64', 'string', got '" +
@@ -596,13 +610,14 @@ class PyTable {
     options.max_capacity = max_capacity;
     options.find_updates_scores = find_updates_scores;
     options.step_per_epoch = step_per_epoch;
+    options.max_hbm_for_values = max_hbm_for_values;
     Status status;
     {
       py::gil_scoped_release release;
-      table_ = NewCpuTable(options, &status);
+      table_ = DYNEMB_NEW_TABLE(options, &status);
     }
     if (table_ == nullptr) {
-      ThrowIfError(status.ok() ? Status(StatusCode::kInternal, "NewCpuTable returned null")
+      ThrowIfError(status.ok() ? Status(StatusCode::kInternal, "table factory returned null")
                                : status);
     }
     num_threads_ = num_threads;
@@ -757,6 +772,7 @@ class PyTable {
   }
 
   int num_threads() const { return num_threads_; }
+  Table& table() { return *table_; }
 
  private:
   // Converts insert's arguments and runs the core insert; with `evicted`,
@@ -819,7 +835,7 @@ class PyTable {
 
   std::string ReprString() const {
     const TableOptions& o = options();
-    return std::string("<_core.Table key_dtype=") + KeyTypeName(o.key_type) +
+    return std::string("<" DYNEMB_STRINGIFY(DYNEMB_CORE_MODULE_NAME) ".Table key_dtype=") + KeyTypeName(o.key_type) +
            " value_dtype=" + ValueTypeName(o.value_type) + " dim=" + std::to_string(o.dim) +
            " strategy=" + EvictStrategyName(o.strategy) +
            " max_capacity=" + std::to_string(o.max_capacity) +
@@ -835,7 +851,7 @@ class PyTable {
 }  // namespace
 }  // namespace dynemb
 
-PYBIND11_MODULE(_core, m) {
+PYBIND11_MODULE(DYNEMB_CORE_MODULE_NAME, m) {
   using dynemb::PyTable;
   m.doc() =
       "TF-free bindings of the tensorflow_dynemb core hash table (cc/core/table.h), for "
@@ -847,7 +863,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("STRATEGIES") =
       py::make_tuple("lru", "lfu", "epoch_lru", "epoch_lfu", "customized");
 
-  py::class_<PyTable>(m, "Table", R"doc(
+  py::class_<PyTable> table_class(m, "Table", R"doc(
 A core hash table from keys to rows of `dim` values (cc/core/table.h).
 
 Args:
@@ -862,15 +878,19 @@ Args:
   find_updates_scores: whether find refreshes LRU scores.
   step_per_epoch: insert batches per epoch for the epoch strategies.
   num_threads: threads a batch is split over (1: the calling thread only).
+  max_hbm_for_values: GPU tables: bytes of device memory for values, the
+    rest in pinned host memory (-1: no limit). CPU tables ignore it.
 
 Every method releases the GIL while the core runs; the table is thread-safe.
-)doc")
+)doc");
+  table_class
       .def(py::init<const std::string&, const std::string&, int64_t, int64_t, int64_t,
-                    const std::string&, bool, int64_t, int>(),
+                    const std::string&, bool, int64_t, int, int64_t>(),
            py::arg("key_dtype"), py::arg("value_dtype"), py::arg("dim"),
            py::arg("init_capacity") = 0, py::arg("max_capacity") = 0,
            py::arg("strategy") = "lru", py::arg("find_updates_scores") = false,
-           py::arg("step_per_epoch") = 0, py::arg("num_threads") = 1)
+           py::arg("step_per_epoch") = 0, py::arg("num_threads") = 1,
+           py::arg("max_hbm_for_values") = -1)
       .def("insert", &PyTable::Insert, py::arg("keys"), py::arg("values"),
            py::arg("scores") = py::none(),
            "Upserts rows: values has shape keys.shape + (dim,) or (n, dim); scores "
@@ -923,4 +943,7 @@ Every method releases the GIL while the core runs; the table is thread-safe.
           "strategy", [](const PyTable& t) { return dynemb::EvictStrategyName(t.options().strategy); })
       .def_property_readonly("num_threads", &PyTable::num_threads)
       .def("__repr__", &PyTable::ReprString);
+#ifdef DYNEMB_EXTRA_BINDINGS
+  DYNEMB_EXTRA_BINDINGS(m, table_class);
+#endif
 }

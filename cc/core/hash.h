@@ -1,4 +1,4 @@
-// Key hashing for the CPU table. The hash only has to be good within one
+// Key hashing for the CPU and GPU tables. The hash only has to be good within one
 // process (it is never persisted), but it must spread consecutive integer ids
 // evenly over shards and slots, hence a full 64-bit finaliser.
 
@@ -9,11 +9,13 @@
 #include <cstring>
 #include <string_view>
 
+#include "cc/core/host_device.h"
+
 namespace dynemb {
 
 // splitmix64's finaliser: a bijection, so distinct integer keys never collide
 // in the full 64-bit hash.
-inline uint64_t Mix64(uint64_t x) {
+DYNEMB_HOST_DEVICE inline uint64_t Mix64(uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27;
@@ -22,8 +24,8 @@ inline uint64_t Mix64(uint64_t x) {
   return x;
 }
 
-inline uint64_t HashKey(int64_t key) { return Mix64(static_cast<uint64_t>(key)); }
-inline uint64_t HashKey(int32_t key) { return Mix64(static_cast<uint64_t>(static_cast<int64_t>(key))); }
+DYNEMB_HOST_DEVICE inline uint64_t HashKey(int64_t key) { return Mix64(static_cast<uint64_t>(key)); }
+DYNEMB_HOST_DEVICE inline uint64_t HashKey(int32_t key) { return Mix64(static_cast<uint64_t>(static_cast<int64_t>(key))); }
 
 inline uint64_t HashKey(std::string_view key) {
   const char* p = key.data();

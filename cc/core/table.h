@@ -132,9 +132,11 @@
 //   put, so memory stays bounded.
 //
 // GPU
-//   The Table interface below takes raw pointers plus a Runner; a CUDA table
-//   implements the same interface with device pointers and a stream-bound
-//   Runner. The semantics above (and the conformance tests) are shared.
+//   The Table interface below takes raw pointers plus a Runner; the CUDA table
+//   (gpu/gpu_table.h) implements the same interface with device pointers and
+//   a stream-bound Runner (GpuRunner). The semantics above (and the
+//   conformance tests) are shared; its layout and batch algorithms are
+//   described in gpu/gpu_table.h and docs/gpu.md.
 // ============================================================================
 
 #ifndef DYNEMB_CORE_TABLE_H_
@@ -241,6 +243,11 @@ struct TableOptions {
   EvictStrategy strategy = EvictStrategy::kLru;
   bool find_updates_scores = false;  // Find refreshes LRU scores
   int64_t step_per_epoch = 0;
+  // GPU tables (gpu/gpu_table.h): bytes of device memory for value rows; the
+  // rows beyond it live in pinned host memory mapped into the device's address
+  // space (slower, but tables larger than the GPU's memory work). -1: all in
+  // device memory. CPU tables ignore it.
+  int64_t max_hbm_for_values = -1;
 
   // Checks the options; the message names the field and the value received.
   Status Validate() const;

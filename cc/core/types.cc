@@ -103,6 +103,10 @@ Status TableOptions::Validate() const {
   if (step_per_epoch < 0) {
     return InvalidArgument("step_per_epoch must be >= 0, got " + std::to_string(step_per_epoch));
   }
+  if (max_hbm_for_values < -1) {
+    return InvalidArgument("max_hbm_for_values must be >= 0 bytes, or -1 for no limit, got " +
+                           std::to_string(max_hbm_for_values));
+  }
   if (std::string(EvictStrategyName(strategy)) == "unknown") {
     return InvalidArgument("strategy is not a known EvictStrategy (got enum " +
                            std::to_string(static_cast<int>(strategy)) + ")");

@@ -17,6 +17,7 @@
 
 #include "cc/core/cpu/row_slab.h"
 #include "cc/core/hash.h"
+#include "cc/core/score_rule.h"
 #include "cc/core/table.h"
 #include "cc/core/value_ops.h"
 
@@ -175,27 +176,7 @@ struct ScoreContext {
 
   uint64_t Score(int64_t i, bool existed, uint64_t old) const {
     if (explicit_scores != nullptr) return explicit_scores[i];
-    switch (strategy) {
-      case EvictStrategy::kLru:
-        return clock;
-      case EvictStrategy::kLfu:
-        // Saturates: an imported UINT64_MAX must not wrap to the lowest score.
-        return existed ? (old == ~uint64_t{0} ? old : old + 1) : 1;
-      case EvictStrategy::kEpochLru:
-        // The clock saturates in the low 32 bits rather than wrapping below
-        // older scores of the same epoch.
-        return (epoch << 32) | std::min<uint64_t>(clock, 0xffffffffu);
-      case EvictStrategy::kEpochLfu: {
-        if (existed && (old >> 32) == epoch) {
-          uint64_t freq = old & 0xffffffffu;
-          return (epoch << 32) | (freq == 0xffffffffu ? freq : freq + 1);
-        }
-        return (epoch << 32) | 1;
-      }
-      case EvictStrategy::kCustomized:
-        return existed ? old : 0;
-    }
-    return 0;
+    return ScoreRule{strategy, clock, epoch}.Score(existed, old);
   }
 };
 

@@ -1,0 +1,458 @@
+// The kernels of the GPU table (gpu_table.cu queues them). Each kernel is a
+// grid-stride loop in which one warp handles one item (a key, a distinct key
+// of a batch, an entry to move or report); per-warp counts are summed per
+// block in shared memory and added to the global BatchCounters once per
+// block, so a million-key batch makes thousands of global atomics, not
+// millions.
+
+#ifndef DYNEMB_CORE_GPU_GPU_KERNELS_CUH_
+#define DYNEMB_CORE_GPU_GPU_KERNELS_CUH_
+
+#include <cstdint>
+
+#include "cc/core/gpu/device_table.cuh"
+#include "cc/core/gpu/eviction_plan.h"
+#include "cc/core/score_rule.h"
+
+namespace dynemb {
+namespace gpu {
+
+constexpr int kBlockThreads = 256;
+constexpr int kWarpsPerBlock = kBlockThreads / kWarpSize;
+
+// What one write batch did, summed on the device and read once per batch.
+struct BatchCounters {
+  unsigned long long inserts;    // rows that created a key
+  unsigned long long updates;    // rows that wrote a present key
+  unsigned long long removes;    // keys removed
+  unsigned long long new_empty;  // claims of empty slots (the rest reused deleted ones)
+  unsigned long long reused;     // claims of deleted slots
+  unsigned long long new_keys;   // first round: distinct absent keys that will insert
+  unsigned long long failures;   // claims that found no free slot (a bug if nonzero)
+};
+constexpr int kNumBatchCounters = sizeof(BatchCounters) / sizeof(unsigned long long);
+
+struct WarpCounts {
+  unsigned long long v[kNumBatchCounters] = {};
+  __device__ unsigned long long& inserts() { return v[0]; }
+  __device__ unsigned long long& updates() { return v[1]; }
+  __device__ unsigned long long& removes() { return v[2]; }
+  __device__ unsigned long long& new_empty() { return v[3]; }
+  __device__ unsigned long long& reused() { return v[4]; }
+  __device__ unsigned long long& new_keys() { return v[5]; }
+  __device__ unsigned long long& failures() { return v[6]; }
+  __device__ void Claimed(bool was_empty) { ++v[was_empty ? 3 : 4]; }
+};
+
+// Adds every warp's N counts (held by its lane 0) into out[0, N): one
+// shared-memory sum per block, then one global atomic per counter and block.
+// Called by all threads of the block at the end of a kernel.
+template <int N>
+__device__ void FlushCounts(const unsigned long long (&counts)[N], unsigned long long* out) {
+  static_assert(N <= kBlockThreads, "one thread per counter");
+  __shared__ unsigned long long block_sum[N];
+  if (threadIdx.x < N) block_sum[threadIdx.x] = 0;
+  __syncthreads();
+  if (threadIdx.x % kWarpSize == 0) {
+    for (int c = 0; c < N; ++c) {
+      if (counts[c] != 0) atomicAdd(&block_sum[c], counts[c]);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < N && block_sum[threadIdx.x] != 0) atomicAdd(out + threadIdx.x, block_sum[threadIdx.x]);
+}
+
+__device__ __forceinline__ int Lane() { return threadIdx.x % kWarpSize; }
+__device__ __forceinline__ uint64_t WarpId() {
+  return (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+}
+__device__ __forceinline__ uint64_t NumWarps() {
+  return static_cast<uint64_t>(gridDim.x) * blockDim.x / kWarpSize;
+}
+
+// ---------------------------------------------------------------------------
+// A batch grouped by key: sorted_keys / sorted_pos are the batch's keys and
+// positions sorted by key (stably: each key's positions ascend), starts[u] is
+// where distinct key u's rows begin.
+// ---------------------------------------------------------------------------
+template <typename K>
+struct GroupedBatch {
+  const K* sorted_keys = nullptr;
+  const uint32_t* sorted_pos = nullptr;
+  const uint32_t* starts = nullptr;
+  const uint32_t* num_keys = nullptr;  // device scalar: distinct keys
+  uint32_t n = 0;
+
+  __device__ void Segment(uint32_t u, uint32_t* begin, uint32_t* end) const {
+    *begin = starts[u];
+    *end = u + 1 < *num_keys ? starts[u + 1] : n;
+  }
+};
+
+// Which keys a pass over a grouped batch applies (gpu_table.h "Bounded tables").
+enum class ApplyMode : int {
+  kAll = 0,          // every key
+  kPresentOnly = 1,  // keys present now; absent keys' rows are marked in key_of_row
+  kAbsentOnly = 2,   // keys absent now
+};
+
+struct WriteArgs {
+  const char* rows = nullptr;         // insert: values; accum: deltas ([n, dim])
+  const uint64_t* scores = nullptr;   // insert: explicit scores (nullable)
+  const bool* exists = nullptr;       // accum: flags; nullptr for insert
+  ScoreRule rule{};
+  uint64_t age_base = 0;              // row p is written at age_base + p
+  ApplyMode mode = ApplyMode::kAll;
+  uint32_t* key_of_row = nullptr;     // kPresentOnly: [n], absent keys' rows get their key id
+  ValueType value_type = ValueType::kFloat32;
+  int64_t dim = 0;
+  uint32_t elem_bytes = 0;
+};
+
+// Claims a slot for `key` (absent, and inserted by this warp alone) and
+// writes the key into it; the caller writes the rest, then PublishTag.
+// Returns kNoSlot, counted as a failure, if no slot is free.
+template <typename K>
+__device__ uint64_t ClaimNewKey(const DeviceTable<K>& t, K key, uint64_t hash, int lane,
+                                WarpCounts* counts) {
+  bool was_empty = false;
+  const uint64_t slot = WarpClaim(t, hash, lane, &was_empty);
+  if (slot == kNoSlot) {
+    ++counts->failures();
+    return kNoSlot;
+  }
+  counts->Claimed(was_empty);
+  if (lane == 0) t.keys[slot] = key;
+  return slot;
+}
+
+// Insert rows [b, e) of one distinct key, present at `slot` (or absent:
+// kNoSlot). Sequentially the last row's values win and the score folds over
+// every row, so only the last row's values are copied.
+template <typename K>
+__device__ void InsertKeyRows(const DeviceTable<K>& t, const GroupedBatch<K>& batch,
+                              const WriteArgs& a, K key, uint64_t hash, uint64_t slot,
+                              uint32_t b, uint32_t e, int lane, WarpCounts* counts) {
+  const bool existed = slot != kNoSlot;
+  uint64_t score = existed ? t.scores[slot] : 0;
+  bool seen = existed;
+  for (uint32_t j = b; j < e; ++j) {
+    const uint32_t p = batch.sorted_pos[j];
+    score = a.scores != nullptr ? a.scores[p] : a.rule.Score(seen, score);
+    seen = true;
+  }
+  const uint32_t last = batch.sorted_pos[e - 1];
+  if (!existed) {
+    slot = ClaimNewKey(t, key, hash, lane, counts);
+    if (slot == kNoSlot) return;
+    ++counts->inserts();
+    counts->updates() += e - b - 1;
+  } else {
+    counts->updates() += e - b;
+  }
+  WarpCopy(t.Row(slot), a.rows + static_cast<uint64_t>(last) * t.value_bytes, t.value_bytes, lane);
+  if (lane == 0) {
+    t.scores[slot] = score;
+    t.ages[slot] = a.age_base + last;
+    if (!existed) PublishTag(t, slot, hash);
+  }
+}
+
+// Accum rows [b, e) of one distinct key, in batch order: a row with exists
+// adds into a present key, a row without inserts an absent one, others do
+// nothing.
+template <typename K>
+__device__ void AccumKeyRows(const DeviceTable<K>& t, const GroupedBatch<K>& batch,
+                             const WriteArgs& a, K key, uint64_t hash, uint64_t slot,
+                             uint32_t b, uint32_t e, int lane, WarpCounts* counts) {
+  bool present = slot != kNoSlot;
+  bool claimed = false, written = false;
+  uint64_t score = present ? t.scores[slot] : 0;
+  uint64_t age = 0;
+  for (uint32_t j = b; j < e; ++j) {
+    const uint32_t p = batch.sorted_pos[j];
+    const char* delta = a.rows + static_cast<uint64_t>(p) * t.value_bytes;
+    if (a.exists[p] && present) {
+      WarpAddRow(a.value_type, a.elem_bytes, a.dim, t.Row(slot), delta, lane);
+      score = a.rule.Score(true, score);
+      ++counts->updates();
+    } else if (!a.exists[p] && !present) {
+      slot = ClaimNewKey(t, key, hash, lane, counts);
+      if (slot == kNoSlot) return;
+      WarpCopy(t.Row(slot), delta, t.value_bytes, lane);
+      score = a.rule.Score(false, 0);
+      present = claimed = true;
+      ++counts->inserts();
+    } else {
+      continue;
+    }
+    age = a.age_base + p;
+    written = true;
+  }
+  if (written && lane == 0) {
+    t.scores[slot] = score;
+    t.ages[slot] = age;
+    if (claimed) PublishTag(t, slot, hash);
+  }
+}
+
+// Whether distinct key [b, e), absent, inserts (accum: some row has exists = false).
+__device__ inline bool WillInsert(const uint32_t* sorted_pos, const bool* exists, uint32_t b,
+                                  uint32_t e, int lane) {
+  if (exists == nullptr) return true;
+  bool any = false;
+  for (uint32_t j = b + lane; j < e; j += kWarpSize) any = any || !exists[sorted_pos[j]];
+  return __any_sync(kFullMask, any);
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    ApplyWritesKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a,
+                      unsigned long long* counters) {
+  WarpCounts counts;
+  const int lane = Lane();
+  for (uint64_t u = WarpId(); u < *batch.num_keys; u += NumWarps()) {
+    uint32_t b, e;
+    batch.Segment(static_cast<uint32_t>(u), &b, &e);
+    const K key = batch.sorted_keys[b];
+    const uint64_t hash = HashKey(key);
+    const uint64_t slot = WarpFind(t, key, hash, lane);
+    if (a.mode == ApplyMode::kPresentOnly && slot == kNoSlot) {
+      for (uint32_t j = b + lane; j < e; j += kWarpSize) {
+        a.key_of_row[batch.sorted_pos[j]] = static_cast<uint32_t>(u);
+      }
+      if (WillInsert(batch.sorted_pos, a.exists, b, e, lane)) ++counts.new_keys();
+      continue;
+    }
+    if (a.mode == ApplyMode::kAbsentOnly && slot != kNoSlot) continue;
+    if (a.exists == nullptr) {
+      InsertKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
+    } else {
+      AccumKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
+    }
+  }
+  FlushCounts(counts.v, counters);
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    FindKernel(DeviceTable<K> t, const K* keys, uint64_t n, char* values, bool* exists,
+               const char* defaults, bool default_per_key, bool touch, ScoreRule rule,
+               unsigned long long* misses) {
+  unsigned long long local_misses = 0;
+  const int lane = Lane();
+  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
+    const K key = keys[i];
+    const uint64_t slot = WarpFind(t, key, HashKey(key), lane);
+    const bool found = slot != kNoSlot;
+    const char* src = found ? t.Row(slot) : defaults + (default_per_key ? i * t.value_bytes : 0);
+    WarpCopy(values + i * t.value_bytes, src, t.value_bytes, lane);
+    if (lane == 0) {
+      if (exists != nullptr) exists[i] = found;
+      // LRU strategies only (the caller checks): the score does not depend
+      // on the old one, so duplicate keys of a batch write the same value.
+      if (found && touch) t.scores[slot] = rule.Score(true, t.scores[slot]);
+      if (!found) ++local_misses;
+    }
+  }
+  const unsigned long long counts[1] = {local_misses};
+  FlushCounts(counts, misses);
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    RemoveKernel(DeviceTable<K> t, const K* keys, uint64_t n, unsigned long long* counters) {
+  WarpCounts counts;
+  const int lane = Lane();
+  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
+    const K key = keys[i];
+    const uint64_t hash = HashKey(key);
+    const uint64_t slot = WarpFind(t, key, hash, lane);
+    if (slot != kNoSlot && lane == 0 && TryDeleteTag(t, slot, TagOf(hash))) ++counts.removes();
+  }
+  FlushCounts(counts.v, counters);
+}
+
+// Moves every occupied slot of `from` into `to` (empty, with room). Each warp
+// takes 32 consecutive slots, one tag per lane, and moves the occupied ones.
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    RehashKernel(DeviceTable<K> from, DeviceTable<K> to, unsigned long long* counters) {
+  WarpCounts counts;
+  const int lane = Lane();
+  const uint64_t groups = from.num_slots() / kWarpSize;
+  for (uint64_t g = WarpId(); g < groups; g += NumWarps()) {
+    const uint64_t my_slot = g * kWarpSize + lane;
+    unsigned occupied = __ballot_sync(kFullMask, from.tags[my_slot] >= kFirstTag);
+    while (occupied != 0) {
+      const uint64_t slot = g * kWarpSize + (__ffs(occupied) - 1);
+      occupied &= occupied - 1;
+      const K key = from.keys[slot];
+      const uint64_t hash = HashKey(key);
+      const uint64_t dst = ClaimNewKey(to, key, hash, lane, &counts);
+      if (dst == kNoSlot) continue;
+      WarpCopy(to.Row(dst), from.Row(slot), from.value_bytes, lane);
+      if (lane == 0) {
+        to.scores[dst] = from.scores[slot];
+        to.ages[dst] = from.ages[slot];
+        PublishTag(to, dst, hash);
+      }
+    }
+  }
+  FlushCounts(counts.v, counters);
+}
+
+// Where exported or evicted entries go; any pointer may be null (not wanted).
+template <typename K>
+struct EntrySink {
+  K* keys = nullptr;
+  char* values = nullptr;
+  uint64_t* scores = nullptr;
+};
+
+// Out row i = the entry in `slot`, written by the whole warp.
+template <typename K>
+__device__ void WarpEmitEntry(const DeviceTable<K>& t, uint64_t slot, uint64_t i,
+                              const EntrySink<K>& out, int lane) {
+  if (out.values != nullptr) {
+    WarpCopy(out.values + i * t.value_bytes, t.Row(slot), t.value_bytes, lane);
+  }
+  if (lane == 0) {
+    if (out.keys != nullptr) out.keys[i] = t.keys[slot];
+    if (out.scores != nullptr) out.scores[i] = t.scores[slot];
+  }
+}
+
+// out[i] = the entry in slots[i], for i < n.
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    GatherEntriesKernel(DeviceTable<K> t, const uint32_t* slots, uint64_t n, EntrySink<K> out) {
+  const int lane = Lane();
+  for (uint64_t i = WarpId(); i < n; i += NumWarps()) WarpEmitEntry(t, slots[i], i, out, lane);
+}
+
+// Reports the stored entries in slots[0, n) as evicted (out rows [0, n)) and
+// deletes them.
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    EvictSlotsKernel(DeviceTable<K> t, const uint32_t* slots, uint64_t n, EntrySink<K> out) {
+  const int lane = Lane();
+  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
+    const uint64_t slot = slots[i];
+    WarpEmitEntry(t, slot, i, out, lane);
+    if (lane == 0) SwapTag(t, slot, TagOf(HashKey(t.keys[slot])), kDeletedTag);
+  }
+}
+
+// Applies the planned stays of the second round (eviction_plan.h): stays[i]
+// for i < num_kept are inserted into the table, the others are reported as
+// evicted into out row (i - num_kept). A stay's value is what its rows make
+// of it: the last row's values (insert), or the first row's delta plus the
+// deltas of later rows with exists (accum), in batch order.
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    ApplyStaysKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a,
+                     const PlannedStay* stays, uint64_t num_stays, uint64_t num_kept,
+                     EntrySink<K> out, unsigned long long* counters) {
+  WarpCounts counts;
+  const int lane = Lane();
+  for (uint64_t i = WarpId(); i < num_stays; i += NumWarps()) {
+    const PlannedStay stay = stays[i];
+    uint32_t b, e;
+    batch.Segment(stay.key, &b, &e);
+    const K key = batch.sorted_keys[b];
+    const uint64_t hash = HashKey(key);
+    const bool kept = i < num_kept;
+    char* dst = nullptr;
+    uint64_t slot = kNoSlot;
+    if (kept) {
+      slot = ClaimNewKey(t, key, hash, lane, &counts);
+      if (slot == kNoSlot) continue;
+      dst = t.Row(slot);
+    } else if (out.values != nullptr) {
+      dst = out.values + (i - num_kept) * t.value_bytes;
+    }
+    if (dst != nullptr) {
+      // Insert: the last row's values. Accum: the inserting row's delta, then
+      // the later deltas that applied.
+      const uint64_t copied = a.exists == nullptr ? stay.last_pos : stay.first_pos;
+      WarpCopy(dst, a.rows + copied * t.value_bytes, t.value_bytes, lane);
+      if (a.exists != nullptr) {
+        for (uint32_t j = b; j < e; ++j) {
+          const uint32_t p = batch.sorted_pos[j];
+          if (p > stay.first_pos && p <= stay.last_pos && a.exists[p]) {
+            WarpAddRow(a.value_type, a.elem_bytes, a.dim, dst,
+                       a.rows + static_cast<uint64_t>(p) * t.value_bytes, lane);
+          }
+        }
+      }
+    }
+    if (lane == 0) {
+      if (kept) {
+        t.scores[slot] = stay.score;
+        t.ages[slot] = stay.age;
+        PublishTag(t, slot, hash);
+      } else {
+        if (out.keys != nullptr) out.keys[i - num_kept] = key;
+        if (out.scores != nullptr) out.scores[i - num_kept] = stay.score;
+      }
+    }
+  }
+  FlushCounts(counts.v, counters);
+}
+
+// Reports rows turned away: out row i = (keys[pos[i]], rows[pos[i]], scores[i]).
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads)
+    ReportRowsKernel(const K* keys, const char* rows, uint32_t value_bytes, const uint32_t* pos,
+                     const uint64_t* scores, uint64_t n, EntrySink<K> out) {
+  const int lane = Lane();
+  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
+    const uint64_t p = pos[i];
+    if (out.values != nullptr) {
+      WarpCopy(out.values + i * value_bytes, rows + p * value_bytes, value_bytes, lane);
+    }
+    if (lane == 0) {
+      if (out.keys != nullptr) out.keys[i] = keys[p];
+      if (out.scores != nullptr) out.scores[i] = scores[i];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers for sorting and selection.
+// ---------------------------------------------------------------------------
+__global__ void IotaKernel(uint32_t* out, uint64_t n) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    out[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// flags[i] = sorted[i] starts a new key.
+template <typename K>
+__global__ void KeyStartKernel(const K* sorted, uint64_t n, uint8_t* flags) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    flags[i] = i == 0 || sorted[i] != sorted[i - 1];
+  }
+}
+
+// out[i] = values[index[i]].
+__global__ void GatherU64Kernel(const uint64_t* values, const uint32_t* index, uint64_t n,
+                                uint64_t* out) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    out[i] = values[index[i]];
+  }
+}
+
+struct IsOccupied {
+  const uint8_t* tags;
+  __host__ __device__ bool operator()(uint32_t slot) const { return tags[slot] >= kFirstTag; }
+};
+
+}  // namespace gpu
+}  // namespace dynemb
+
+#endif  // DYNEMB_CORE_GPU_GPU_KERNELS_CUH_

@@ -1,0 +1,112 @@
+// The CUDA implementation of dynemb::Table (cc/core/table.h): the same
+// semantics as the CPU table, checked by the same conformance tests through
+// the pybind11 module tensorflow_dynemb._core_gpu.
+//
+// STATUS: compiled with nvcc (sm_80, sm_90), not yet run on a GPU.
+//
+// Contract (differences from the CPU table are in how memory is passed only)
+//   * Every pointer passed to a method -- keys, values, defaults, exists,
+//     scores, deltas, EvictedEntries buffers, and the buffers an ExportSink
+//     hands out -- is DEVICE memory (or memory the device can address).
+//     Exception: ExportChunks hands its ChunkSink HOST pointers, since its
+//     consumers (SaveTable's file writers) are host code.
+//   * The Runner must be a GpuRunner: work is queued on its stream.
+//   * Find is asynchronous: it returns once queued; read the results after
+//     synchronizing the stream. Insert, Accum and Remove synchronize with the
+//     host once or twice per batch (the number of new keys decides growth and
+//     eviction; the evicted count and Size() live on the host) and have
+//     finished when they return. Export and ExportChunks have finished when
+//     they return; the sink's buffers are filled on the table's own stream,
+//     which Export synchronizes.
+//   * Keys are int32 or int64 (string tables are refused with a clear
+//     status); values are any ValueType; dim is a runtime value.
+//   * Operations are thread-safe: a table serializes its operations (a host
+//     mutex while queuing, and a CUDA event that each operation waits for, so
+//     operations on different streams also run in order on the device).
+//
+// Layout
+//   Open addressing over buckets of 128 slots. A slot i has a tag byte
+//   tags[i] (0: empty, 1: deleted, 2: being written, 3..255: occupied, the
+//   value being 3 + an 8-bit digest of the key's hash), the key keys[i], its
+//   score, its age (when it was last written, as in table.h) and its value
+//   row i. Occupancy lives in the tag, so every key value is valid. A key's
+//   home bucket comes from its hash; when a bucket has no free slot an insert
+//   moves on to the next bucket, so a lookup stops at the first bucket with an
+//   empty slot. Removal leaves a "deleted" tag (reused by inserts; dropped by
+//   the next rehash). One warp handles one key: each lane checks 4 tags with
+//   one 32-bit load, a ballot finds digest matches, keys are compared only
+//   there, and the warp copies the value row.
+//   Value rows: row i of the first `max_hbm_for_values / row bytes` slots is
+//   in device memory, the rest in mapped pinned host memory; kernels reach
+//   both through one row-address function.
+//   The table rehashes into twice the buckets when occupied + deleted slots
+//   would pass 3/4 of the slots (bounded tables stop growing once 3/4 of the
+//   slots cover max_capacity, and then rehash in place to drop deleted tags).
+//
+// Batches (sequential semantics, table.h)
+//   Keys are sorted with their batch positions (cub radix sort, stable), so
+//   every distinct key's rows are adjacent and in batch order; one warp then
+//   applies all rows of one key in order (last insert wins, accum deltas add
+//   up in batch order, scores fold row by row). No two warps write one key.
+//
+// Bounded tables (exactly the CPU core's rule, in batch order)
+//   A batch that cannot fill the table is applied as above. Otherwise, as on
+//   the CPU, the rows of keys present at the start run first; then the rows of
+//   absent keys run one by one: each one that needs room evicts the entry of
+//   lowest (score, age) of the whole table, or is turned away if its own score
+//   is lower still. The entries present before this second round do not
+//   change during it, so the ones it evicts are the lowest-ranked ones, in
+//   order: the table's entries are sorted by (score, age) on the device (cost:
+//   O(table size) per such batch), the lowest m (m = rows of absent keys) and
+//   the rows' scores go to the host, and a sequential replay on the host
+//   (eviction_plan.h, O(m log m)) decides every row's fate. The device then
+//   writes the outcome: evicted entries reported and deleted, new keys
+//   inserted or reported. Exact and deterministic; the cost is paid only by
+//   batches that evict.
+//   (The CPU table replays the second round shard by shard rather than in
+//   batch order: the two differ only where new keys of one batch compete with
+//   each other for the same room.)
+
+#ifndef DYNEMB_CORE_GPU_GPU_TABLE_H_
+#define DYNEMB_CORE_GPU_GPU_TABLE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <memory>
+
+#include "cc/core/gpu/allocator.h"
+#include "cc/core/table.h"
+
+namespace dynemb {
+
+// A Runner whose work is CUDA work on `stream`. Host-side helper work
+// (ParallelFor) runs on the calling thread.
+class GpuRunner : public Runner {
+ public:
+  explicit GpuRunner(cudaStream_t stream) : stream_(stream) {}
+  cudaStream_t stream() const { return stream_; }
+  void ParallelFor(int64_t n, int64_t cost_per_unit,
+                   const std::function<void(int64_t, int64_t)>& fn) const override {
+    (void)cost_per_unit;
+    if (n > 0) fn(0, n);
+  }
+
+ private:
+  cudaStream_t stream_;
+};
+
+// Creates a GPU table on the current CUDA device, with memory from
+// `allocator` (not owned; it must outlive the table; nullptr: CudaAllocator()).
+// Returns nullptr and sets *status on invalid options (string keys included)
+// or when CUDA or the allocator fails.
+std::unique_ptr<Table> NewGpuTable(const TableOptions& options, GpuAllocator* allocator,
+                                   Status* status);
+
+// Converts a CUDA error into a Status naming `what` (kResourceExhausted for
+// out-of-memory, kInternal otherwise); Ok for cudaSuccess.
+Status CudaStatus(cudaError_t error, const char* what);
+
+}  // namespace dynemb
+
+#endif  // DYNEMB_CORE_GPU_GPU_TABLE_H_

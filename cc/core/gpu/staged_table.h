@@ -1,0 +1,39 @@
+// A Table over HOST memory backed by a GPU table (gpu_table.h): each call
+// copies its inputs to the device, runs the GPU table, and copies the results
+// back. It is what the pybind11 module tensorflow_dynemb._core_gpu wraps, so
+// the conformance tests that drive the CPU table through NumPy arrays drive
+// the GPU table unchanged. Callers that hold device memory (benchmarks) reach
+// the GPU table itself through gpu_table() and gpu_runner().
+//
+// No CUDA header is needed to use it.
+
+#ifndef DYNEMB_CORE_GPU_STAGED_TABLE_H_
+#define DYNEMB_CORE_GPU_STAGED_TABLE_H_
+
+#include <memory>
+#include <string>
+
+#include "cc/core/table.h"
+
+namespace dynemb {
+
+class StagedGpuTable : public Table {
+ public:
+  // The GPU table (device pointers) and a GpuRunner on this table's stream.
+  virtual Table& gpu_table() = 0;
+  virtual const Runner& gpu_runner() const = 0;
+  // Waits until everything queued on gpu_runner()'s stream has finished.
+  virtual Status Synchronize() = 0;
+};
+
+// A staged GPU table on the current CUDA device, with cudaMalloc'ed memory.
+// Returns nullptr and sets *status when the options are invalid or CUDA fails
+// (no device, out of memory, ...).
+std::unique_ptr<StagedGpuTable> NewStagedGpuTable(const TableOptions& options, Status* status);
+
+// Whether a CUDA device can be used by this build; if not, *reason says why.
+bool GpuAvailable(std::string* reason);
+
+}  // namespace dynemb
+
+#endif  // DYNEMB_CORE_GPU_STAGED_TABLE_H_
