@@ -413,7 +413,8 @@ def pss_keras3_layer_loop(args):
             initializer=keras.initializers.RandomNormal(0.0, 0.1, seed=3),
         )
         inputs = keras.Input((), dtype="int64")
-        model = keras.Model(inputs, keras.layers.Dense(DIM)(embedding(inputs)))
+        dense = keras.layers.Dense(DIM, kernel_initializer=keras.initializers.GlorotUniform(seed=5))
+        model = keras.Model(inputs, dense(embedding(inputs)))
         optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.02))
 
     @tf.function

@@ -366,4 +366,4 @@ def test_pss_keras3_layer_custom_loop():
     assert result["slot_placement"] == [ps, ps]
     assert result["sizes"] == _expected_shard_sizes_of_steps(STEPS // 3, 2)
     initial, final = result["eval_losses"]
-    assert final < 0.2 * initial, (initial, final)
+    assert final < 0.3 * initial, (initial, final)
