@@ -38,6 +38,9 @@ Verdicts:
   at every window as it is (with freed blocks that malloc kept: old copies of grown
   eviction heaps, batches' working buffers).
 
+`--fault-probe GIB` only touches GIB GiB of fresh memory and prints the system time
+per page fault: the cost every new page of a growing table pays on this machine.
+
 Before each part the parent checks that the machine has the memory the part needs (with
 `--min-available-gib` to spare); during a part the child stops early, and says so, if
 `MemAvailable` falls below `--min-available-gib` (this VM has no swap: the alternative is
@@ -240,6 +243,7 @@ def run_part(args) -> dict:
                "s_per_1m": seconds * 1e6 / (hi - lo),
                "cpu_s_per_1m": (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
                * 1e6 / (hi - lo),
+               "user_s_per_1m": (r1.ru_utime - r0.ru_utime) * 1e6 / (hi - lo),
                "rss_delta": rss_bytes() - rss0, "rss_anon_delta": rss_bytes("RssAnon") - anon0,
                "minflt": r1.ru_minflt - r0.ru_minflt,
                "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
@@ -299,6 +303,32 @@ def lookup_sample(tf, lookup_fn, args, inserted: int, row: np.ndarray, bounded: 
     return out
 
 
+def fault_probe(gib: float, step: int = 256 << 20) -> list:
+    """`--fault-probe GIB`: what a first touch of fresh memory costs on this machine, with
+    no table involved: maps `gib` GiB of anonymous memory `step` bytes at a time (kept
+    until the end), writes one byte per 4 KiB page, and prints the system CPU time and
+    wall time per page fault of each step."""
+    import mmap
+
+    keep, out = [], []
+    for i in range(int(gib * GIB) // step):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        m = mmap.mmap(-1, step, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        for off in range(0, step, 4096):
+            m[off] = 1
+        wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        keep.append(m)
+        faults = max(1, r1.ru_minflt - r0.ru_minflt)
+        out.append({"touched_gib": (i + 1) * step / GIB, "faults": faults,
+                    "sys_us_per_fault": (r1.ru_stime - r0.ru_stime) / faults * 1e6,
+                    "wall_us_per_fault": wall / faults * 1e6, "load": loadavg()})
+        print(f"{out[-1]['touched_gib']:6.2f} GiB: {faults} faults, system "
+              f"{out[-1]['sys_us_per_fault']:5.1f} us/fault, wall "
+              f"{out[-1]['wall_us_per_fault']:5.1f} us/fault, load {out[-1]['load']}",
+              flush=True)
+    return out
+
+
 # -- parent: verdicts and report --------------------------------------------------------------
 
 
@@ -350,6 +380,10 @@ def verdicts(res, args) -> list:
     add(f"all {res['keys']} keys inserted in one process", ws[-1]["inserted"] if ws else 0,
         res["keys"], done, res["stopped"] or "")
     for name, phase in phases(res).items():
+        # user CPU alone: the table's own work, without the kernel's page faults (no
+        # verdict; it tells a miss caused by first-touch faults from one of the table's)
+        res.setdefault("flatness_user", {})[name] = flatness(phase, args.flat_limit,
+                                                             "user_s_per_1m")
         for field, what in (("s_per_1m", "wall"), ("cpu_s_per_1m", "CPU")):
             f = flatness(phase, args.flat_limit, field)
             res.setdefault("flatness" if what == "wall" else "flatness_cpu", {})[name] = f
@@ -408,6 +442,7 @@ def print_part(res, every: int) -> None:
           f"(process), RSS at the start of the table {res['rss_start'] / GIB:.2f} GiB")
     flat = [(name, "wall", f) for name, f in res.get("flatness", {}).items()]
     flat += [(name, "CPU", f) for name, f in res.get("flatness_cpu", {}).items()]
+    flat += [(name, "user CPU", f) for name, f in res.get("flatness_user", {}).items()]
     for name, what, f in flat:
         if f["ratio"] is None:
             continue
@@ -463,6 +498,9 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None,
                    help="JSON results (default: benchmarks/results/scale_tf<version>.json)")
     p.add_argument("--no-out", action="store_true")
+    p.add_argument("--fault-probe", type=float, default=None, metavar="GIB",
+                   help="only measure what first-touch page faults cost here (touches GIB "
+                        "GiB of fresh memory; no table, no TensorFlow)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--progress", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -482,6 +520,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.child:
         print_result(run_part(args))
+        return
+    if args.fault_probe:
+        fault_probe(args.fault_probe)
         return
     parts = [x for x in args.parts.split(",") if x]
     progress = f"/tmp/scale_progress_{os.getpid()}.log"
