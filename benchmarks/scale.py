@@ -74,6 +74,7 @@ ROWS_BEFORE_BIG_CHUNKS = 1008  # chunks of 16, 32, ..., 512 rows come first
 HEAP_ENTRY_BYTES = 24        # (score, age, row index), padded
 HEAP_ENTRIES_PER_KEY = 1.25  # built at the shard's size, grown by a quarter when full
 DRIFT_SIGMAS = 5             # how far above cap / 256 a shard's size may wander
+HKV_INIT_CAPACITY = 1 << 20  # de.HkvHashTable's default init_capacity (kept unless > cap)
 
 
 # -- keys -----------------------------------------------------------------------------------
@@ -118,6 +119,10 @@ def batch_keys(start: int, stop: int, seed: int) -> np.ndarray:
 # -- memory model ---------------------------------------------------------------------------
 
 
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
 def _slots_for(keys_per_shard: float, init_slots: int = 8) -> int:
     """A shard's slot count: the smallest power of two (>= its initial count) that keeps
     the load at or below 3/4."""
@@ -141,11 +146,12 @@ def unbounded_layout_bytes(keys: int, dim: int) -> int:
     rows of key + score + values in 1,024-row chunks, and 8-byte slots, per shard of
     keys / 256 (an estimate, not a bound: shard sizes vary by ~sqrt(keys / 256))."""
     per_shard = keys / NUM_SHARDS
-    row = 16 + 4 * dim
+    row = _round8(16 + 4 * dim)
     return NUM_SHARDS * (row * _chunked_rows(per_shard) + 8 * _slots_for(per_shard))
 
 
-def bounded_memory_bound(cap: int, dim: int, batch: int, init_capacity: int = 1 << 20) -> int:
+def bounded_memory_bound(cap: int, dim: int, batch: int,
+                         init_capacity: int = HKV_INIT_CAPACITY) -> int:
     """The bound of docs/tables.md on a full `de.HkvHashTable` of max_capacity `cap`,
     int64 keys and float32 [dim] values, fed batches of up to `batch` new keys, under LRU
     or LFU without explicit scores. Per shard (256), with
@@ -153,15 +159,16 @@ def bounded_memory_bound(cap: int, dim: int, batch: int, init_capacity: int = 1 
     are spread by their hash, so a shard's size wanders around cap / 256; and a batch's
     new keys go in shard by shard, each evicting the table-wide oldest entry, so the
     first shards of a batch hold their new keys before most of their victims are gone):
-      rows:  (24 + 4 dim) bytes (key, score, age, values) x m, rounded up to the chunk;
+      rows:  (24 + 4 dim) bytes (key, score, age, values; rounded up to 8) x m, rounded
+             up to the chunk;
              plus 8 bytes per row that may sit in the free list (m - cap / 256);
       slots: 8 bytes x the smallest power of two >= 4/3 m;
       heap:  24 bytes x (1.25 m + 16) (built at the shard's size, grown by a quarter).
     """
     per_shard = cap / NUM_SHARDS
     most = (cap + batch) / NUM_SHARDS + DRIFT_SIGMAS * math.sqrt(per_shard)
-    row = 24 + 4 * dim
-    init_slots = _slots_for(math.ceil(init_capacity / NUM_SHARDS))
+    row = _round8(24 + 4 * dim)
+    init_slots = _slots_for(math.ceil(min(init_capacity, cap) / NUM_SHARDS))
     shard = (row * _chunked_rows(most) + 8 * (most - per_shard)
              + 8 * _slots_for(most, init_slots)
              + HEAP_ENTRY_BYTES * (HEAP_ENTRIES_PER_KEY * most + 16))
@@ -191,7 +198,9 @@ def run_part(args) -> dict:
 
     def new_table():
         if bounded:
-            return de.HkvHashTable(tf.int64, tf.float32, [0.0] * dim, max_capacity=args.cap,
+            return de.HkvHashTable(tf.int64, tf.float32, [0.0] * dim,
+                                   init_capacity=min(HKV_INIT_CAPACITY, args.cap),
+                                   max_capacity=args.cap,
                                    evict_strategy=de.HkvEvictStrategy.LRU, checkpoint=False)
         return de.HashTable(tf.int64, tf.float32, [0.0] * dim, checkpoint=False)
 
@@ -208,7 +217,8 @@ def run_part(args) -> dict:
     rss0, anon0 = rss_bytes(), rss_bytes("RssAnon")
     table = new_table()
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, dim], tf.float32)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
+                                  tf.TensorSpec([None, dim], tf.float32)])
     def insert_fn(keys, vals):
         table.insert(keys, vals)
 
@@ -265,9 +275,11 @@ def run_part(args) -> dict:
     release_freed_memory()
     rss_trimmed = rss_bytes() - rss0
     _log(args.progress, f"{part}: RSS +{rss_trimmed / GIB:.2f} GiB after malloc_trim")
-    result = {"part": part, "tf": tf.__version__, "rss_delta_trimmed": rss_trimmed, "keys": args.keys, "cap": args.cap if bounded else 0,
-              "dim": dim, "batch": batch, "threads": args.threads, "windows": windows,
-              "stopped": stopped, "vm_hwm": rss_bytes("VmHWM"), "rss_start": rss0}
+    result = {"part": part, "tf": tf.__version__, "keys": args.keys,
+              "cap": args.cap if bounded else 0, "dim": dim, "batch": batch,
+              "threads": args.threads, "windows": windows, "stopped": stopped,
+              "rss_delta_trimmed": rss_trimmed, "vm_hwm": rss_bytes("VmHWM"),
+              "rss_start": rss0}
     inserted = windows[-1]["inserted"] if windows else 0
     if inserted:
         result["lookup"] = lookup_sample(tf, lookup_fn, args, inserted, row, bounded)
@@ -415,7 +427,7 @@ def verdicts(res, args) -> list:
             lk["found"] == lk["keys"] and lk["wrong_values"] == 0,
             f"{lk['wrong_values']} wrong rows")
         if "first_batch_still_present" in lk:
-            add("bounded: the first batch's keys were evicted (LRU)",
+            add("the first batch's keys were evicted (LRU)",
                 lk["first_batch_still_present"], 0, lk["first_batch_still_present"] == 0)
     return out
 
@@ -426,8 +438,9 @@ def print_part(res, every: int) -> None:
              else "HashTable (unbounded)")
     print(f"\n== {res['part']}: {res['keys']:,} keys, dim {res['dim']}, {title}, batches of "
           f"{res['batch']:,} ==")
-    print(f"{'inserted':>12s} {'size':>12s} {'s/1M':>7s} {'CPU s':>6s} {'RSS+ GiB':>9s} {'B/key':>7s}"
-          f" {'faults':>8s} {'sys s':>6s} {'load':>5s}" + (f" {'evictions':>12s}" if bounded else ""))
+    print(f"{'inserted':>12s} {'size':>12s} {'s/1M':>7s} {'CPU s':>6s} {'RSS+ GiB':>9s} "
+          f"{'B/key':>7s} {'faults':>8s} {'sys s':>6s} {'load':>5s}"
+          + (f" {'evictions':>12s}" if bounded else ""))
     ws = res["windows"]
     for w in ws:
         if (w["window"] + 1) % every and w is not ws[-1] and w["window"]:
@@ -564,8 +577,9 @@ def main(argv=None):
     print("\n== verdicts ==")
     for v in all_verdicts:
         mark = {True: "PASS", False: "FAIL", None: "n/a "}[v["pass"]]
-        value = v["value"] if not isinstance(v["value"], float) else round(v["value"], 2)
-        print(f"  {mark}  {v['part']}: {v['target']}: {value} (limit {v['limit']})"
+        value, limit = (round(x, 2) if isinstance(x, float) else x
+                        for x in (v["value"], v["limit"]))
+        print(f"  {mark}  {v['part']}: {v['target']}: {value} (limit {limit})"
               + (f"; {v['note']}" if v.get("note") else ""))
     print(f"load average: {load_start} at the start, {loadavg()} at the end")
     if not args.no_out and tf_version:
