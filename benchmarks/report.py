@@ -7,9 +7,10 @@ Reads the newest `keras_train_*.json` per (TF version, layout, regime) and the n
 `train_state_*.json` per TF version in `--results`, renders Markdown tables and writes
 them into `--doc` between the marker lines `<!-- report:NAME -->` and
 `<!-- /report:NAME -->` (NAME: `keras_train`, `train_state`); text outside the markers is
-left alone. With matplotlib installed it also writes `keras_train.png` and
-`train_state.png` into `--plots` (skipped, with a note, without it). `--check` prints
-the tables instead of writing anything.
+left alone. With matplotlib installed it also writes `keras_train.png`,
+`train_state.png` and, from the newest `scale_*.json`, `scale.png` into `--plots`
+(skipped, with a note, without it). `--check` prints the tables instead of writing
+anything.
 """
 
 from __future__ import annotations
@@ -210,6 +211,60 @@ def plots(train, state, outdir):
     return written
 
 
+def scale_plot(records, outdir):
+    """docs/img/scale.png from the newest `scale_*.json`: seconds per 1M inserts (wall,
+    process CPU, user CPU) and RSS growth against keys inserted, per part."""
+    if not records:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
+    except ImportError:
+        print("matplotlib not installed: no scale plot")
+        return []
+    rec = max(records, key=lambda r: r["date"])
+    parts = [(name, p) for name, p in rec["parts"].items() if p.get("windows")]
+    fig, axes = plt.subplots(2, len(parts), figsize=(5 * len(parts), 6), sharex="col", squeeze=False)
+    for col, (name, part) in enumerate(parts):
+        ws = part["windows"]
+        x = [w["inserted"] / 1e6 for w in ws]
+        ax = axes[0][col]
+        for field, label in (("s_per_1m", "wall"), ("cpu_s_per_1m", "CPU (user + system)"),
+                             ("user_s_per_1m", "user CPU")):
+            if field in ws[0]:
+                ax.plot(x, [w[field] for w in ws], label=label, linewidth=1)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_ylabel("seconds per 1M inserts")
+        title = f"HkvHashTable, max_capacity {part['cap'] / 1e6:g}M" if part.get("cap") else "HashTable (unbounded)"
+        ax.set_title(f"{title}, dim {part['dim']}", fontsize=9)
+        ax.legend(fontsize=7)
+        ax = axes[1][col]
+        ax.plot(x, [w["rss_delta"] / 2**30 for w in ws], label="RSS growth")
+        if part.get("rss_delta_trimmed") is not None:
+            ax.plot([x[-1]], [part["rss_delta_trimmed"] / 2**30], "o", markersize=4,
+                    label="at the end, after malloc_trim")
+        if part.get("memory_bound_bytes"):
+            ax.axhline(part["memory_bound_bytes"] / 2**30, color="gray", linestyle="--", linewidth=0.8,
+                       label="documented bound")
+        ax.set_ylabel("GiB")
+        ax.set_xlabel("keys inserted (millions)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"benchmarks/scale.py, TF {rec['tf']}, {rec['date']}, load {rec.get('load_start')}"
+                 f"\u2192{rec.get('load_end')}", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(outdir, exist_ok=True)
+    path = os.path.join(outdir, "scale.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
 def replace_section(text, name, body):
     pattern = re.compile(rf"(<!-- report:{name} -->\n)(?:.*?\n)?(<!-- /report:{name} -->)", re.S)
     if not pattern.search(text):
@@ -240,7 +295,7 @@ def main():
     with open(args.doc, "w") as f:
         f.write(text)
     print(f"updated {os.path.relpath(args.doc, ROOT)}")
-    for path in plots(train, state, args.plots):
+    for path in plots(train, state, args.plots) + scale_plot(_load("scale_*.json", args.results), args.plots):
         print(f"wrote {os.path.relpath(path, ROOT)}")
 
 

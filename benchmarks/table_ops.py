@@ -2,7 +2,7 @@
 """Throughput and memory of `de.HashTable` next to references measured in the same process.
 
     python benchmarks/table_ops.py [--keys 1048576] [--dims 8,64] [--batch 65536] \
-        [--growth-keys 10485760] [--threads N] [--thread-scaling [1,2]] \
+        [--growth-keys 10485760] [--threads N] [--thread-scaling [1,2]] [--lookup-only] \
         [--out benchmarks/results/table_ops_tf<version>.json]
 
 For each dim (int64 keys: random 64-bit ids; float32 values of shape [dim]) it
@@ -48,6 +48,13 @@ payload. Results go to a JSON file (machine, TF version, load average, figures).
 
 `--thread-scaling 1,2` re-runs the throughput part in one child process per
 intra-op thread count (the thread count of a TF process is fixed once TF starts).
+
+`--lookup-only` (e.g. with `--keys 10485760`, where rows no longer fit in the cache)
+measures only the lookup target: one table of `--keys` keys per dim, filled once, and
+lookups of all its keys alternating batch by batch with `tf.gather` of all rows of a
+dense `[keys, dim]` variable; best of `--repeats`, PASS/FAIL, and a JSON record
+(`benchmarks/results/table_ops_lookup_<keys>_tf<version>.json`) written through
+`_harness`.
 """
 
 from __future__ import annotations
@@ -65,6 +72,9 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import loadavg, median, write_record  # noqa: E402
 
 MIB = 1 << 20
 INT64_MAX = np.iinfo(np.int64).max
@@ -331,16 +341,24 @@ def bench_bounded(tf, de, n: int, batch: int, repeats: int, seed: int) -> dict:
     return result
 
 
-def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
-    """keys/s of tf.gather of random rows (the same batch size) from a [n, dim] Variable."""
+def make_gather(tf, n: int, dim: int, batch: int, seed: int):
+    """(params, gather_fn, row batches): a dense [n, dim] float32 Variable (random
+    normal, drawn by TF so no NumPy copy of it exists), a tf.function gathering rows of
+    it, and every row index once in shuffled batches of `batch`."""
     rng = np.random.default_rng(seed)
-    params = tf.Variable(rng.standard_normal((n, dim), dtype=np.float32))
+    params = tf.Variable(tf.random.stateless_normal([n, dim], seed=[seed, dim]))
     rows = [(tf.constant(r),) for r in split(rng.permutation(n).astype(np.int64), batch)]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def gather_fn(idx):
         return tf.gather(params, idx)
 
+    return params, gather_fn, rows
+
+
+def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
+    """keys/s of tf.gather of random rows (the same batch size) from a [n, dim] Variable."""
+    params, gather_fn, rows = make_gather(tf, n, dim, batch, seed)
     timed_pass(gather_fn, rows)  # warm-up (and trace)
     passes = [timed_pass(gather_fn, rows) for _ in range(repeats)]
     overhead = call_overhead(gather_fn, (rows[0][0][:0],))
@@ -349,6 +367,102 @@ def bench_gather(tf, n: int, dim: int, batch: int, repeats: int, seed: int):
     result = summarize(n, "lookup", passes)
     result["empty_call_s"] = {"lookup": overhead}
     return result
+
+
+def bench_lookup_vs_gather(tf, de, n: int, dim: int, batch: int, repeats: int, seed: int):
+    """`--lookup-only`: lookup of all n keys of one full table (shuffled batches) beside
+    tf.gather of all n rows of a dense [n, dim] Variable (shuffled, same batch size).
+    The two alternate batch by batch (ours, gather, ours, gather, ...), each call timed
+    on its own, so that a burst of another job's work hits both alike; each figure is
+    the best of `repeats` passes after a warm-up pass of each. The table is filled first
+    (its insert rate is reported, no target)."""
+    keys = random_keys(n, seed)
+    key_batches = [tf.constant(b) for b in split(keys, batch)]
+    rng = np.random.default_rng(seed + dim)
+    # A pool of distinct value batches, cycled: no [n, dim] array of values is needed.
+    pool = [tf.constant(rng.standard_normal((batch, dim), np.float32))
+            for _ in range(min(16, len(key_batches)))]
+    ours = Ours(tf, dim, de)
+    table = ours.new_table()
+    insert_fn, lookup_fn = ours.functions(table)
+    fill_args = [(k, pool[i % len(pool)][:int(k.shape[0])]) for i, k in enumerate(key_batches)]
+    fill = timed_pass(insert_fn, fill_args)
+    size = int(table.size())
+    if size != n:
+        raise RuntimeError(f"size {size} after inserting {n} distinct keys")
+    queries = [(tf.constant(b),) for b in split(rng.permutation(keys), batch)]
+    del keys
+    params, gather_fn, rows = make_gather(tf, n, dim, batch, seed)
+    timed_pass(lookup_fn, queries)  # warm-up
+    timed_pass(gather_fn, rows)
+    ours_passes, gather_passes = [], []
+    for _ in range(repeats):
+        # Batch by batch, ours then gather: a burst of another job's work longer than a
+        # couple of milliseconds slows both alike.
+        ours_s = gather_s = 0.0
+        for (q,), (r,) in zip(queries, rows):
+            t0 = time.perf_counter()
+            lookup_fn(q)
+            t1 = time.perf_counter()
+            gather_fn(r)
+            t2 = time.perf_counter()
+            ours_s += t1 - t0
+            gather_s += t2 - t1
+        ours_passes.append({"s": ours_s})
+        gather_passes.append({"s": gather_s})
+    # Spot check: the last inserted batch reads back its values.
+    if not np.array_equal(lookup_fn(fill_args[-1][0]).numpy(), fill_args[-1][1].numpy()):
+        raise RuntimeError("lookup returned wrong values")
+    del table, insert_fn, lookup_fn, params, gather_fn, rows, queries, fill_args, pool
+    release_freed_memory()
+    result = {"keys": n, "dim": dim, "insert_new": n / fill["s"], "insert_new_pass": fill,
+              "ours": summarize(n, "lookup", ours_passes),
+              "gather": summarize(n, "lookup", gather_passes),
+              # ours / gather of the passes run back to back: the spread under load.
+              "pass_ratios": [g["s"] / o["s"] for o, g in zip(ours_passes, gather_passes)]}
+    result["ratio"] = result["ours"]["lookup"] / result["gather"]["lookup"]
+    return result
+
+
+def lookup_only(args, tf, de, dims) -> None:
+    """`--lookup-only`: the lookup target (>= 0.8 x tf.gather) at `--keys` keys, each dim
+    in turn; prints the figures and PASS/FAIL and writes the record through _harness."""
+    load_start = loadavg()
+    print(f"lookup vs tf.gather: {args.keys} keys, dims {args.dims}, batches of {args.batch}, "
+          f"{args.threads} intra-op threads, best of {args.repeats} passes (batches interleaved); "
+          f"load average {load_start}", flush=True)
+    results, targets = {}, []
+    for dim in dims:
+        print(f"  dim {dim}: filling {args.keys} keys, then lookup / gather passes ...",
+              flush=True)
+        res = bench_lookup_vs_gather(tf, de, args.keys, dim, args.batch, args.repeats,
+                                     args.seed)
+        results[f"dim{dim}"] = res
+        ok = res["ratio"] >= 0.8
+        targets.append({"target": f"dim{dim} lookup >= 0.8 x tf.gather at {args.keys} keys",
+                        "value": res["ratio"], "limit": 0.8, "pass": ok})
+    print(f"\n== lookup at {args.keys} keys: M keys/s (best of {args.repeats}) ==")
+    print(f"{'dim':>4s} {'ours':>8s} {'tf.gather':>10s} {'ours/gather':>12s}   "
+          f"per pass (ours/gather)  {'[insert new]':>12s}")
+    for res in results.values():
+        print(f"{res['dim']:>4d} {mkeys(res['ours']['lookup']):>8s} "
+              f"{mkeys(res['gather']['lookup']):>10s} {res['ratio']:>12.2f}   "
+              f"{' '.join(f'{r:.2f}' for r in res['pass_ratios']):21s}   "
+              f"{mkeys(res['insert_new']):>12s}")
+    print("median of the passes' ratios (less sensitive to other jobs' bursts "
+          "than best-of): " + ", ".join(f"dim {r['dim']} {median(r['pass_ratios']):.2f}"
+                                      for r in results.values()))
+    print("\n== targets ==")
+    for t in targets:
+        print(f"  {'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['value']:.2f}")
+    print(f"load average: {load_start} at the start, {loadavg()} at the end")
+    if not args.no_out:
+        out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                       f"table_ops_lookup_{args.keys}_tf{tf.__version__}.json")
+        write_record(out, "table_ops_lookup", tf.__version__, load_start,
+                     cpu_model=cpu_model(), intra_op_threads=args.threads, inter_op_threads=1,
+                     keys=args.keys, batch=args.batch, repeats=args.repeats,
+                     results=results, targets=targets)
 
 
 def bench_growth(tf, ours: Ours, key_batches, value_pool, window: int):
@@ -571,6 +685,9 @@ def parse_args(argv=None):
                    help="also run the throughput part at these intra-op thread counts "
                         "(one child process each; default list 1,2)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--lookup-only", action="store_true",
+                   help="only the lookup-vs-tf.gather comparison at --keys keys (e.g. "
+                        "10485760), batches interleaved; JSON table_ops_lookup_<keys>_tf<v>.json")
     p.add_argument("--growth-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None,
                    help="JSON results (default: benchmarks/results/table_ops_tf<version>.json)")
@@ -638,6 +755,10 @@ def main(argv=None):
     tf.get_logger().setLevel("ERROR")  # retracing notes from the per-table functions
 
     import tensorflow_dynemb as de
+
+    if args.lookup_only:
+        lookup_only(args, tf, de, dims)
+        return
 
     if args.growth_child is not None:  # internal: one growth/memory measurement
         with open(args.out, "w") as f:
