@@ -363,10 +363,9 @@ class TF2Model:
                         for k, v in state_tensors(self.emb, self.counter).items()})
 
 
-def pss_custom_loop(args):
-    """The coordinator of a ParameterServerStrategy cluster: a ClusterCoordinator custom
-    loop over the batches of every task of the TF1 test (`steps` each), then a
-    checkpoint of the trained state."""
+def _pss_regression(args):
+    """The coordinator, a TF2Model on this cluster's PS, and its step function (one
+    worker's training step, for `coordinator.schedule`)."""
     import tensorflow as tf
 
     strategy, coordinator = _pss(args)
@@ -376,6 +375,17 @@ def pss_custom_loop(args):
     @tf.function
     def step(ids):
         strategy.run(model.step, args=(ids,))
+
+    return coordinator, model, step
+
+
+def pss_custom_loop(args):
+    """The coordinator of a ParameterServerStrategy cluster: a ClusterCoordinator custom
+    loop over the batches of every task of the TF1 test (`steps` each), then a
+    checkpoint of the trained state."""
+    import tensorflow as tf
+
+    coordinator, model, step = _pss_regression(args)
 
     initial = model.eval_loss()
     scheduled = 0
@@ -457,13 +467,7 @@ def pss_failover(args):
     the error the coordinator raised and the checkpointed state."""
     import tensorflow as tf
 
-    strategy, coordinator = _pss(args)
-    with strategy.scope():
-        model = TF2Model(ps_devices(len(args["cluster"]["ps"])))
-
-    @tf.function
-    def step(ids):
-        strategy.run(model.step, args=(ids,))
+    coordinator, model, step = _pss_regression(args)
 
     ids = batches("chief", 0, 1)[0]
     for _ in range(args["every"]):
