@@ -149,8 +149,9 @@ class TrainableRows:
         self._last_graph: Optional[weakref.ref] = None
         self._previous_writes = []
         self._graph_lookups = 0
-        # Record mode: the lookups' tensors per traced graph (None: executing eagerly).
-        self._records = weakref.WeakKeyDictionary()
+        # Record mode: the lookups' tensors of the latest traced graph (only one is
+        # kept: its tensors hold the graph alive), and of the pending eager step.
+        self._graph_record: Optional[Tuple[weakref.ref, _StepRecord]] = None
         self._eager_record: Optional[_StepRecord] = None
 
     def _create_buffers(self, initial_rows: tf.Tensor, device: Optional[str]) -> None:
@@ -216,7 +217,7 @@ class TrainableRows:
             if tf.executing_eagerly():
                 self._eager_record = record
             else:
-                self._records[tf.compat.v1.get_default_graph()] = record
+                self._graph_record = (weakref.ref(tf.compat.v1.get_default_graph()), record)
         positions = record.append(unique_ids, exists, rows, index)
         return _gather_with_token_gradient(self.variable, rows, index, positions, record.size())
 
@@ -228,8 +229,9 @@ class TrainableRows:
             record = self._eager_record
         else:
             graph, record = tf.compat.v1.get_default_graph(), None
+            recorded_graph, recorded = self._graph_record or (lambda: None, None)
             while graph is not None and record is None:
-                record = self._records.get(graph)
+                record = recorded if recorded_graph() is graph else None
                 graph = getattr(graph, "outer_graph", None)
         if record is None:
             raise ValueError(

@@ -795,3 +795,60 @@ def test_get_eager_trainable_by_name_in_graph_mode():
         var = de.Variable(tf.int64, tf.float32, dim=2, name="graph_emb")
         with pytest.raises(RuntimeError, match="eager"):
             var.get_eager_trainable_by_name("user")
+
+
+# ----------------------------------------------------------------------------------------
+# 7. Record mode (the views of ParameterServerStrategy) without a cluster
+# ----------------------------------------------------------------------------------------
+
+
+def _record_mode(monkeypatch):
+    monkeypatch.setattr(trainable_module, "_under_parameter_server_strategy", lambda: True)
+
+
+def test_records_apply_inside_a_cond_branch_of_the_lookups_function(monkeypatch):
+    _record_mode(monkeypatch)
+    var = ones_variable("records_cond")
+    optimizer = de.DynamicEmbeddingOptimizer(K3.SGD(0.5))
+
+    @tf.function
+    def step(apply):
+        with tf.GradientTape() as tape:
+            emb, view = de.embedding_lookup(var, ids([4, 4, 6]), name="u", return_trainable=True)
+            loss = tf.reduce_sum(emb)
+        grad = tape.gradient(loss, view)
+
+        def update():
+            optimizer.apply_gradients([(grad, view)])
+            return tf.constant(True)
+
+        return tf.cond(apply, update, lambda: tf.constant(False))
+
+    step(tf.constant(False))
+    np.testing.assert_array_equal(rows_of(var, [4, 6]), [[1.0, 1.0], [1.0, 1.0]])
+    step(tf.constant(True))
+    np.testing.assert_array_equal(rows_of(var, [4, 6]), [[0.0, 0.0], [0.5, 0.5]])
+    assert rows_of_trainable(var, "u").records
+
+
+def test_records_applied_in_another_function_is_a_clear_error(monkeypatch):
+    _record_mode(monkeypatch)
+    var = ones_variable("records_elsewhere")
+    optimizer = de.DynamicEmbeddingOptimizer(K3.SGD(0.5))
+
+    @tf.function
+    def gradient():
+        with tf.GradientTape() as tape:
+            emb, view = de.embedding_lookup(var, ids([1]), name="u", return_trainable=True)
+            loss = tf.reduce_sum(emb)
+        return tape.gradient(loss, view)
+
+    grad = gradient()
+    view = var.get_trainable_by_name("u")
+    with pytest.raises(ValueError, match="same tf.function"):
+        tf.function(lambda: optimizer.apply_gradients([(grad, view)]))()
+    np.testing.assert_array_equal(rows_of(var, [1]), [[1.0, 1.0]])
+
+
+def rows_of_trainable(var, name):
+    return trainable_module.rows_of(var.get_trainable_by_name(name))
