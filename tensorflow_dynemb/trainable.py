@@ -30,8 +30,8 @@ the same time, so buffers (variables) would be one set that all workers write. T
 `variable` is a token (shape `[0, dim]`, on the first shard's parameter server, never
 written) and each lookup's output is a `tf.custom_gradient` whose gradient with respect
 to the token is an `IndexedSlices` indexing the lookup's own tensors (distinct ids,
-`exists`, rows), which `TrainableRows` records per traced graph for the optimizer step
-of the same trace (`_StepRecord`). Every worker then works on its own tensors and
+`exists`, rows), which `TrainableRows` records for the optimizer step of the same
+trace (`_StepRecord`; the record of the latest traced graph is kept). Every worker then works on its own tensors and
 shares nothing but the tables. The lookup and the optimizer step must be in one
 function (Keras' `train_step`, a `ClusterCoordinator`-scheduled step), as that
 strategy requires anyway.
@@ -219,7 +219,7 @@ class TrainableRows:
             else:
                 self._graph_record = (weakref.ref(tf.compat.v1.get_default_graph()), record)
         positions = record.append(unique_ids, exists, rows, index)
-        return _gather_with_token_gradient(self.variable, rows, index, positions, record.size())
+        return _gather_with_token_gradient(self.variable, rows, index, positions, record.size)
 
     def _record_here(self) -> "_StepRecord":
         """The record of the step being built: eagerly the pending one; in a graph, the
@@ -228,11 +228,11 @@ class TrainableRows:
         if tf.executing_eagerly():
             record = self._eager_record
         else:
-            graph, record = tf.compat.v1.get_default_graph(), None
-            recorded_graph, recorded = self._graph_record or (lambda: None, None)
-            while graph is not None and record is None:
-                record = recorded if recorded_graph() is graph else None
-                graph = getattr(graph, "outer_graph", None)
+            recorded_graph, record = self._graph_record or (None, None)
+            if recorded_graph is None or not _within(
+                tf.compat.v1.get_default_graph(), recorded_graph()
+            ):
+                record = None
         if record is None:
             raise ValueError(
                 f"The gradient of trainable view {self.name!r} of de.Variable "
@@ -321,6 +321,7 @@ class _StepRecord:
 
     def __init__(self):
         self.ids, self.exists, self.rows = [], [], []
+        self.size = None  # rows recorded so far (a scalar tensor once a lookup is in)
 
     @property
     def lookups(self) -> int:
@@ -329,16 +330,13 @@ class _StepRecord:
     def append(self, ids, exists, rows, index) -> tf.Tensor:
         """Adds one lookup's distinct ids, existence and rows; returns `index` shifted
         to positions in the whole record."""
-        offset = self.size(index.dtype)
+        count = tf.shape(ids, out_type=index.dtype)[0]
+        positions = index if self.size is None else index + self.size
+        self.size = count if self.size is None else self.size + count
         self.ids.append(ids)
         self.exists.append(exists)
         self.rows.append(rows)
-        return index + offset
-
-    def size(self, dtype=tf.int32) -> tf.Tensor:
-        """The number of rows recorded so far."""
-        sizes = [tf.shape(ids, out_type=dtype)[0] for ids in self.ids]
-        return tf.add_n(sizes) if sizes else tf.constant(0, dtype)
+        return positions
 
     def tensors(self) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """`(ids, rows, exists)` of every recorded lookup, concatenated."""
@@ -364,6 +362,16 @@ def _gather_with_token_gradient(token, rows, index, positions, size):
         return tf.gather(rows, index), grad
 
     return gather(token, rows)
+
+
+def _within(graph, outer) -> bool:
+    """Whether `graph` is `outer` or a graph nested in it (a tf.cond / tf.while_loop
+    body)."""
+    while graph is not None:
+        if graph is outer:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
 
 
 def _scope_name(name: str) -> str:

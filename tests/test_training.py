@@ -90,29 +90,14 @@ def keras_optimizers(m) -> Dict[str, Callable[[], object]]:
 
 
 def legacy_optimizers() -> Dict[str, Callable[[], object]]:
-    """The supported `tf_keras.optimizers.legacy` (OptimizerV2) optimizers."""
+    """The supported `tf_keras.optimizers.legacy` (OptimizerV2) optimizers: those of
+    `keras_optimizers` but AdamW (which OptimizerV2 lacks), with the Nesterov SGD also
+    using OptimizerV2's `decay`."""
     m = TFK.legacy
-    return {
-        "SGD_momentum": lambda: m.SGD(0.1, momentum=0.9),
-        "SGD_nesterov_decay": lambda: m.SGD(0.05, momentum=0.8, nesterov=True, decay=0.1),
-        "Adam": lambda: m.Adam(0.1, beta_1=0.8, beta_2=0.95, epsilon=1e-4),
-        "Adam_amsgrad": lambda: m.Adam(0.1, beta_1=0.8, beta_2=0.95, amsgrad=True),
-        "Adagrad": lambda: m.Adagrad(0.2, initial_accumulator_value=0.2, epsilon=1e-5),
-        "RMSprop_momentum": lambda: m.RMSprop(0.05, rho=0.8, momentum=0.5, epsilon=1e-4),
-        "RMSprop_centered": lambda: m.RMSprop(0.05, rho=0.85, centered=True),
-        "Adadelta": lambda: m.Adadelta(1.0, rho=0.9, epsilon=1e-4),
-        "Adamax": lambda: m.Adamax(0.1, beta_1=0.8, beta_2=0.9),
-        "Nadam": lambda: m.Nadam(0.1, beta_1=0.85, beta_2=0.95),
-        "Ftrl": lambda: m.Ftrl(
-            0.1,
-            learning_rate_power=-0.6,
-            initial_accumulator_value=0.2,
-            l1_regularization_strength=0.01,
-            l2_regularization_strength=0.02,
-            l2_shrinkage_regularization_strength=0.01,
-            beta=0.1,
-        ),
-    }
+    optimizers = keras_optimizers(m)
+    del optimizers["AdamW"], optimizers["SGD_nesterov"]
+    optimizers["SGD_nesterov_decay"] = lambda: m.SGD(0.05, momentum=0.8, nesterov=True, decay=0.1)
+    return optimizers
 
 
 def tf1_optimizers() -> Dict[str, Callable[[], object]]:
@@ -179,8 +164,13 @@ def views(request, monkeypatch):
     default, and the per-graph records used under ParameterServerStrategy (forced here
     without a cluster; tests/test_distributed.py runs them on one)."""
     if request.param == "records":
-        monkeypatch.setattr(trainable_module, "_under_parameter_server_strategy", lambda: True)
+        _record_mode(monkeypatch)
     return request.param
+
+
+def _record_mode(monkeypatch):
+    """Makes every trainable view created from now on record its step's tensors."""
+    monkeypatch.setattr(trainable_module, "_under_parameter_server_strategy", lambda: True)
 
 
 class Run(NamedTuple):
@@ -800,10 +790,6 @@ def test_get_eager_trainable_by_name_in_graph_mode():
 # ----------------------------------------------------------------------------------------
 # 7. Record mode (the views of ParameterServerStrategy) without a cluster
 # ----------------------------------------------------------------------------------------
-
-
-def _record_mode(monkeypatch):
-    monkeypatch.setattr(trainable_module, "_under_parameter_server_strategy", lambda: True)
 
 
 def test_records_apply_inside_a_cond_branch_of_the_lookups_function(monkeypatch):
