@@ -37,6 +37,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorflow_dynemb import step_ops
 from tensorflow_dynemb.checkpoint import Untracked
 from tensorflow_dynemb.optimizer_rules import SparseRule, get_rule
 from tensorflow_dynemb.trainable import TrainableRows, rows_of
@@ -156,10 +157,7 @@ class SparseApplier:
             # The common case (one lookup of the variable in the step): the buffer's
             # ids are already distinct and in first-occurrence order, which is the
             # order tf.unique below would give, so sum the gradient per buffer row.
-            keys, old_rows, exists, grad_sum, index = rows.consume_distinct(grad)
-            counts = tf.math.unsorted_segment_sum(
-                tf.ones_like(index), index, tf.shape(keys, out_type=index.dtype)[0]
-            )
+            keys, old_rows, exists, grad_sum, counts = rows.consume_distinct(grad)
             return SparseGradient(rows.params, keys, old_rows, exists, grad_sum, counts)
         consumed = [rows.consume(grad) for rows, grad in parts]
         keys, old_rows, exists, grads = (
@@ -259,13 +257,11 @@ class SparseApplier:
 def _sum_by_key(params, keys, old_rows, exists, grads, counts) -> SparseGradient:
     """One entry per distinct key: the first entry's old row and existence, the sum of
     the gradients and of the counts (`counts` None: each entry counts once)."""
-    unique_keys, index = tf.unique(keys)
+    unique_keys, index = step_ops.unique(keys)
     count = tf.size(unique_keys)
     first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), index, count)
-    grad = tf.math.unsorted_segment_sum(grads, index, count)
-    if counts is None:
-        counts = tf.ones_like(index)
-    counts = tf.math.unsorted_segment_sum(counts, index, count)
+    grad, occurrences = step_ops.segment_sum_with_counts(grads, index, count)
+    counts = occurrences if counts is None else tf.math.unsorted_segment_sum(counts, index, count)
     return SparseGradient(
         params,
         unique_keys,

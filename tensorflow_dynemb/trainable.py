@@ -45,6 +45,8 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
+from tensorflow_dynemb import step_ops
+
 try:  # Public API has no "is a tape recording?"; fall back to "maybe" without it.
     from tensorflow.python.eager.record import could_possibly_record as _tape_may_record
 except ImportError:  # pragma: no cover - present in every supported TF (2.16-2.21)
@@ -172,7 +174,7 @@ class TrainableRows:
 
     def read(self, flat_ids: tf.Tensor) -> tf.Tensor:
         """The `[n, dim]` rows of the 1-D `flat_ids`, differentiable through `variable`."""
-        unique_ids, index = tf.unique(flat_ids)
+        unique_ids, index = step_ops.unique(flat_ids)
         rows, exists = self.params.lookup(unique_ids, return_exists=True)
         if self.records:
             return self._read_recorded(unique_ids, exists, rows, index)
@@ -291,13 +293,13 @@ class TrainableRows:
     def consume_distinct(self, gradient: tf.IndexedSlices):
         """`consume` for a buffer of distinct ids (`holds_one_lookup()`): the buffer's
         keys, rows and existence as they are, the gradient summed per buffer row
-        (`[rows, dim]`), and the buffer rows each gradient row adds to (`[n]`)."""
+        (`[rows, dim]`), and how many gradient rows each buffer row received."""
         values, index = gradient.values, gradient.indices
         keys, old_rows, exists = self._contents(values, index)
         count = tf.shape(keys, out_type=index.dtype)[0]
-        grad = tf.math.unsorted_segment_sum(values, index, count)
+        grad, counts = step_ops.segment_sum_with_counts(values, index, count)
         self._mark_consumed()
-        return keys, old_rows, exists, grad, index
+        return keys, old_rows, exists, grad, counts
 
     def _contents(self, values, index) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """The distinct keys, rows and existence the step's lookups read."""

@@ -1,0 +1,69 @@
+// Ops of the training step (no table handle): the trainable view's
+// deduplication of a batch's ids and the optimizer's per-id gradient sums.
+// Their kernels (cc/kernels/step_kernels.cc) run cc/core/dedup.h.
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace dynemb {
+namespace {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+absl::Status UniqueShape(InferenceContext* c) {
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+  c->set_output(1, keys);
+  return absl::OkStatus();
+}
+
+absl::Status SegmentSumShape(InferenceContext* c) {
+  ShapeHandle values, segment_ids, num_segments_shape;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &values));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &segment_ids));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &num_segments_shape));
+  DimensionHandle unused;
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(values, 0), c->Dim(segment_ids, 0), &unused));
+  DimensionHandle num_segments;
+  TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &num_segments));
+  ShapeHandle row, sums;
+  TF_RETURN_IF_ERROR(c->Subshape(values, 1, &row));
+  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(num_segments), row, &sums));
+  c->set_output(0, sums);
+  c->set_output(1, c->Vector(num_segments));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("DynembUnique")
+    .Input("keys: Tkey")
+    .Output("unique_keys: Tkey")
+    .Output("index: out_idx")
+    .Attr("Tkey: {int32, int64}")
+    .Attr("out_idx: {int32, int64} = DT_INT32")
+    .SetShapeFn(UniqueShape)
+    .Doc(R"doc(
+tf.unique for integer keys: the distinct keys in order of first occurrence, and
+for each key its position among them.
+)doc");
+
+REGISTER_OP("DynembSegmentSum")
+    .Input("values: T")
+    .Input("segment_ids: Tidx")
+    .Input("num_segments: Tidx")
+    .Output("sums: T")
+    .Output("counts: Tidx")
+    .Attr("T: {float, double}")
+    .Attr("Tidx: {int32, int64}")
+    .SetShapeFn(SegmentSumShape)
+    .Doc(R"doc(
+tf.math.unsorted_segment_sum of values (rows along the first axis) into
+num_segments rows, added in row order, plus the number of rows per segment.
+)doc");
+
+}  // namespace dynemb

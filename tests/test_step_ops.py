@@ -1,0 +1,101 @@
+"""`tensorflow_dynemb.step_ops`: the training step's unique and per-id sums give exactly
+TF's `tf.unique` and `tf.math.unsorted_segment_sum` results, and refuse bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorflow_dynemb import step_ops
+from tensorflow_dynemb._ops import ops
+
+
+def _power_law_ids(n, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    ranks = rng.zipf(1.2, n) % 100_000
+    edges = np.array([0, -1, np.iinfo(np.int32).min, np.iinfo(np.int32).max], np.int64)
+    if dtype == tf.int64:
+        edges = np.r_[edges, np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+        ids = (ranks.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).astype(np.int64)
+    else:
+        ids = (ranks - 50_000).astype(np.int64)
+    return tf.constant(np.r_[edges, ids, edges], dtype.as_numpy_dtype)
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("n", [0, 1, 7, 50_000])
+def test_unique_equals_tf_unique(dtype, n):
+    ids = _power_law_ids(n, dtype)[: max(n, 0)] if n < 10 else _power_law_ids(n, dtype)
+    got_ids, got_index = step_ops.unique(ids)
+    want_ids, want_index = tf.unique(ids)
+    assert got_ids.dtype == dtype and got_index.dtype == tf.int32
+    np.testing.assert_array_equal(got_ids.numpy(), want_ids.numpy())
+    np.testing.assert_array_equal(got_index.numpy(), want_index.numpy())
+
+
+def test_unique_int64_index_and_inside_a_function():
+    ids = _power_law_ids(1000, tf.int64)
+    got = tf.function(lambda x: ops.dynemb_unique(x, out_idx=tf.int64))(ids)
+    want = tf.unique(ids, out_idx=tf.int64)
+    assert got[1].dtype == tf.int64
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    unknown = tf.function(ops.dynemb_unique).get_concrete_function(
+        tf.TensorSpec([None], tf.int64)
+    )
+    assert unknown.output_shapes[0].as_list() == [None]
+
+
+def test_unique_of_strings_falls_back_to_tf():
+    ids = tf.constant([b"b", b"", b"a", b"b", b""])
+    got_ids, got_index = step_ops.unique(ids)
+    assert got_ids.numpy().tolist() == [b"b", b"", b"a"]
+    assert got_index.numpy().tolist() == [0, 1, 2, 0, 1]
+
+
+def test_unique_refuses_a_matrix():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="rank|vector"):
+        ops.dynemb_unique(tf.constant([[1, 2]], tf.int64))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("shape", [(0, 4), (1, 1), (3000, 16), (500, 2, 3)])
+def test_segment_sum_equals_tf_bit_for_bit(dtype, shape):
+    rng = np.random.default_rng(1)
+    values = tf.constant(rng.normal(size=shape) * 10.0 ** rng.integers(-6, 6, size=shape), dtype)
+    num = max(shape[0] // 3, 1)
+    segments = tf.constant(rng.integers(0, num, size=shape[0]), tf.int32)
+    sums, counts = step_ops.segment_sum_with_counts(values, segments, num)
+    want = tf.math.unsorted_segment_sum(values, segments, num)
+    assert sums.dtype == dtype and counts.dtype == tf.int32
+    # Bit for bit: the same additions in the same order (compare the raw bytes so
+    # that -0.0, NaN and rounding all count).
+    assert sums.numpy().tobytes() == want.numpy().tobytes()
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(segments.numpy(), minlength=num))
+
+
+def test_segment_sum_int64_ids_and_empty_segments():
+    values = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    sums, counts = ops.dynemb_segment_sum(
+        values, tf.constant([3, 0, 3], tf.int64), tf.constant(5, tf.int64)
+    )
+    np.testing.assert_array_equal(sums.numpy(), [[3, 4], [0, 0], [0, 0], [6, 8], [0, 0]])
+    np.testing.assert_array_equal(counts.numpy(), [1, 0, 0, 2, 0])
+    assert counts.dtype == tf.int64
+
+
+@pytest.mark.parametrize(
+    "segments,num,match",
+    [
+        ([0, 5], 5, r"segment_ids\[1\] = 5 is not in \[0, num_segments = 5\)"),
+        ([-1, 0], 5, r"segment_ids\[0\] = -1 is not in"),
+        ([0, 1], -1, "num_segments must be >= 0, got -1"),
+    ],
+)
+def test_segment_sum_refuses_ids_out_of_range(segments, num, match):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        ops.dynemb_segment_sum(tf.ones([2, 3]), tf.constant(segments, tf.int32), tf.constant(num))
+
+
+def test_segment_sum_refuses_a_row_count_mismatch():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="segment_ids|Dimensions"):
+        ops.dynemb_segment_sum(tf.ones([3, 2]), tf.constant([0, 1], tf.int32), tf.constant(2))
