@@ -971,6 +971,7 @@ class HkvHashTable(_DynembTable):
                 step_per_epoch=step_per_epoch,
                 find_updates_scores=strategy
                 in (HkvEvictStrategy.LRU, HkvEvictStrategy.EPOCHLRU),
+                max_hbm_for_values=self._max_hbm_for_values,
             ),
         )
 
