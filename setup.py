@@ -17,6 +17,18 @@ Two C++ extensions are built:
   (Architectures: DYNEMB_CUDA_ARCHS, default "80;90": SASS for each, plus PTX
   of the last.)
 
+The op library's GPU kernels (docs/gpu.md) -- DYNEMB_CUDA=1 builds them,
+DYNEMB_CUDA=0 never; unset, they are built when nvcc is on PATH, the target
+TensorFlow is a CUDA build (tf.sysconfig.get_build_info()["is_cuda_build"])
+and nvidia-smi lists a GPU. Then the op library also holds cc/kernels/gpu/*.cc
+(host code, compiled like the other kernels plus -DGOOGLE_CUDA=1 and the CUDA
+headers) and cc/core/gpu (.cc, and .cu compiled by nvcc with TF's macros, so
+both sides agree on the C++ ABI), and links cudart statically with its
+symbols kept private (-Wl,--exclude-libs): the library needs no CUDA runtime
+of a particular version beside TF's, only a driver recent enough for the
+toolkit that built it. Without CUDA the op library is built exactly as
+before: the same sources and the same flags.
+
 Sources are globbed, so new .cc files are picked up without editing this file.
 An extension whose sources are not written yet is skipped with a warning.
 
@@ -124,12 +136,33 @@ def _gpu_listed() -> bool:
     return proc.returncode == 0 and "GPU" in proc.stdout
 
 
+def _cuda_flag() -> bool | None:
+    """DYNEMB_CUDA as a bool; None when unset (auto-detect)."""
+    flag = os.environ.get("DYNEMB_CUDA", "").strip().lower()
+    if not flag:
+        return None
+    return flag not in ("0", "false", "no", "off")
+
+
 def cuda_enabled() -> bool:
     """DYNEMB_CUDA=1/0 decides; unset: nvcc on PATH and a GPU listed by nvidia-smi."""
-    flag = os.environ.get("DYNEMB_CUDA", "").strip().lower()
-    if flag:
-        return flag not in ("0", "false", "no", "off")
+    flag = _cuda_flag()
+    if flag is not None:
+        return flag
     return shutil.which("nvcc") is not None and _gpu_listed()
+
+
+def gpu_kernels_enabled(info: dict) -> bool:
+    """Whether the op library gets its GPU kernels: DYNEMB_CUDA=1/0 decides; unset:
+    nvcc on PATH, a CUDA build of the target TensorFlow (`info`, from
+    query_tensorflow) and a GPU listed by nvidia-smi."""
+    flag = _cuda_flag()
+    if flag is not None:
+        if flag and not info.get("is_cuda_build"):
+            _warn(f"DYNEMB_CUDA=1 builds the GPU kernels, but TensorFlow {info['version']} is "
+                  "not a CUDA build: it has no GPU devices to run them on.")
+        return flag
+    return shutil.which("nvcc") is not None and bool(info.get("is_cuda_build")) and _gpu_listed()
 
 
 def cuda_home() -> str:
@@ -148,6 +181,22 @@ def nvcc_arch_flags() -> list[str]:
     for a in archs:
         flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
     return flags + ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+
+
+def cuda_link_args() -> list[str]:
+    """Static cudart of the toolkit that compiled the .cu objects, its symbols kept
+    private to the linked library (TF loads a libcudart of its own CUDA version; ours
+    must neither replace it nor be replaced by it)."""
+    home = cuda_home()
+    lib_dirs = [d for d in (os.path.join(home, "lib64"), *glob.glob(os.path.join(home, "targets", "*", "lib")))
+                if os.path.isdir(d)]
+    return ([f"-L{d}" for d in lib_dirs]
+            + ["-lcudart_static", "-ldl", "-lrt", "-lpthread", "-Wl,--exclude-libs,libcudart_static.a"])
+
+
+def gpu_kernel_sources() -> list[str]:
+    """The host sources the op library adds when it has GPU kernels."""
+    return _glob("cc/core/gpu/*.cc") + _glob("cc/kernels/gpu/*.cc")
 
 
 def make_extensions() -> list[Extension]:
@@ -228,6 +277,7 @@ print("@@DYNEMB_TF@@" + json.dumps({
     "compile_flags": tf.sysconfig.get_compile_flags(),
     "link_flags": tf.sysconfig.get_link_flags(),
     "location": os.path.dirname(tf.__file__) if getattr(tf, "__file__", None) else "",
+    "is_cuda_build": bool(tf.sysconfig.get_build_info().get("is_cuda_build", False)),
     "python": sys.executable,
 }))
 """
@@ -527,6 +577,21 @@ class BuildExt(_build_ext):
         compile_flags = tf_compile_flags(info)
         ext.extra_compile_args = compile_flags + list(COMMON_CXX_FLAGS)
         ext.extra_link_args = list(info["link_flags"])
+        gpu_kernels = gpu_kernels_enabled(info)
+        if gpu_kernels:
+            print("tensorflow_dynemb: building the op library with its GPU kernels", flush=True)
+            ext.sources = list(ext.sources) + gpu_kernel_sources()
+            ext.extra_compile_args += ["-DGOOGLE_CUDA=1", "-isystem", os.path.join(cuda_home(), "include")]
+            # The .cu objects share C++ types (Status, std::string) with the kernels:
+            # compile them with TF's macros (_GLIBCXX_USE_CXX11_ABI among them).
+            tf_macros = [f for f in info["compile_flags"] if f.startswith("-D")]
+            ext.extra_objects = self._compile_cuda(ext, _glob("cc/core/gpu/*.cu"), tf_macros)
+            # cudart before TF's libraries: libtensorflow_framework exports the CUDA
+            # runtime API too (a stub that forwards to the libcudart TF loads, of TF's
+            # CUDA version), and the linker binds each symbol to the first library
+            # that has it. Ours must be the runtime of the toolkit that compiled the
+            # .cu objects.
+            ext.extra_link_args = cuda_link_args() + ext.extra_link_args
         build_info = (
             "# Generated by setup.py when the op library was built. Do not edit.\n"
             f"TF_VERSION = {info['version']!r}\n"
@@ -536,21 +601,23 @@ class BuildExt(_build_ext):
             f"TF_LINK_FLAGS = {info['link_flags']!r}\n"
             f"COMPILE_FLAGS = {ext.extra_compile_args!r}\n"
             f"LINK_FLAGS = {ext.extra_link_args!r}\n"
+            f"GPU_KERNELS = {gpu_kernels!r}\n"
         )
         return info, build_info
 
-    def _compile_cuda(self, ext):
-        """Compiles ext.cuda_sources with nvcc (in parallel, incrementally, like
-        make_compile) and adds the objects and cudart to the link."""
+    def _compile_cuda(self, ext, sources, extra_flags=()):
+        """Compiles `sources` (.cu) with nvcc (in parallel, incrementally, like
+        make_compile); returns the objects."""
         home = cuda_home()
         nvcc = os.path.join(home, "bin", "nvcc")
         if not os.path.isfile(nvcc):
             nvcc = shutil.which("nvcc") or nvcc
-        base = [nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", *nvcc_arch_flags(), f"-I{HERE}"]
+        base = [nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", *nvcc_arch_flags(), f"-I{HERE}",
+                *extra_flags]
         key = json.dumps(base)
         obj_dir = os.path.join(OBJ_ROOT, f"{ext.name}.cuda-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
         os.makedirs(obj_dir, exist_ok=True)
-        objects, todo = _objects_and_stale(ext.cuda_sources, obj_dir)
+        objects, todo = _objects_and_stale(sources, obj_dir)
         print(f"tensorflow_dynemb: {ext.name}: compiling {len(todo)} of {len(objects)} CUDA "
               f"sources with {self._jobs} jobs (objects in {obj_dir})", flush=True)
 
@@ -572,14 +639,12 @@ class BuildExt(_build_ext):
             failures = [f for f in pool.map(lambda t: one(*t), todo) if f]
         if failures:
             raise CompileError(f"{ext.name}: nvcc failed: {', '.join(failures)}")
-        lib_dirs = [d for d in (os.path.join(home, "lib64"), *glob.glob(os.path.join(home, "targets", "*", "lib")))
-                    if os.path.isdir(d)]
-        ext.extra_objects = list(objects)
-        ext.extra_link_args = [f"-L{d}" for d in lib_dirs] + ["-lcudart_static", "-ldl", "-lrt", "-lpthread"]
+        return list(objects)
 
     def build_extension(self, ext):
         if ext.name == GPU_EXT:
-            self._compile_cuda(ext)
+            ext.extra_objects = self._compile_cuda(ext, ext.cuda_sources)
+            ext.extra_link_args = cuda_link_args()
         fingerprint = ""
         if ext.name == OPS_EXT:
             info, self._build_info_text = self._configure_ops_extension(ext)

@@ -16,6 +16,9 @@ rebuild -- instead of a dlopen error about undefined C++ symbols.
 
 ``core()`` returns the pybind11 module ``tensorflow_dynemb._core`` (the hash
 table core without TensorFlow), imported on first call.
+
+``gpu_kernels_built()`` says whether the op library holds GPU kernels (a CUDA
+build, docs/gpu.md), without loading it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ from typing import Optional
 
 import tensorflow as tf
 
-__all__ = ["ops", "core", "load_op_library", "check_tf_version", "op_library_path"]
+__all__ = [
+    "ops",
+    "core",
+    "load_op_library",
+    "check_tf_version",
+    "op_library_path",
+    "gpu_kernels_built",
+]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = "_dynemb_ops*.so"
@@ -100,12 +110,22 @@ def op_library_path() -> Optional[str]:
     return found[0] if found else None
 
 
-def _built_tf_version() -> Optional[str]:
+def _build_info(name: str, default):
+    """A value setup.py recorded in `_build_info.py` when it built the op library."""
     try:
         build_info = importlib.import_module("tensorflow_dynemb._build_info")
     except ImportError:
-        return None
-    return getattr(build_info, "TF_VERSION", None)
+        return default
+    return getattr(build_info, name, default)
+
+
+def _built_tf_version() -> Optional[str]:
+    return _build_info("TF_VERSION", None)
+
+
+def gpu_kernels_built() -> bool:
+    """Whether the op library was built with its GPU kernels (False when unknown)."""
+    return bool(_build_info("GPU_KERNELS", False))
 
 
 def _load(path: Optional[str], built_version: Optional[str],

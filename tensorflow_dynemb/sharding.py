@@ -1,9 +1,10 @@
 """How a `de.Variable` is split into shards: which shard a key goes to
-(`default_partition_fn`) and what table each shard is (`kv_creator`)."""
+(`default_partition_fn`), what table each shard is (`kv_creator`) and which device
+each shard table lives on (`table_devices`)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -19,6 +20,75 @@ __all__ = [
 ]
 
 Partitioner = Callable[[tf.Tensor, int], tf.Tensor]
+
+# The no-GPU-kernels note is about the installation, not a variable: said once.
+_said_no_gpu_kernels = False
+
+
+def _device_spec(device: str) -> Optional[tf.DeviceSpec]:
+    try:
+        return tf.DeviceSpec.from_string(device)
+    except ValueError:
+        return None  # a malformed name: TF reports it where the table is placed
+
+
+def _is_gpu(device: str) -> bool:
+    spec = _device_spec(device)
+    return spec is not None and (spec.device_type or "").upper() == "GPU"
+
+
+def _cpu_of(device: str) -> str:
+    """The CPU of `device`'s job, replica and task ("/CPU:0" for a local device)."""
+    spec = _device_spec(device)
+    if spec.job is None and spec.replica is None and spec.task is None:
+        return "/CPU:0"
+    return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+def table_devices(
+    devices: Sequence[str], key_dtype: tf.dtypes.DType
+) -> Tuple[List[str], Optional[str]]:
+    """Where the shard tables of a variable go, and why, when that is not `devices`.
+
+    GPU tables take int32 and int64 keys only: a string-keyed shard asked for on a GPU
+    goes to the CPU of that device's job and task instead, with a message. int32 /
+    int64 shards stay where asked; if the op library was built without its GPU
+    kernels (docs/gpu.md), TF's soft device placement runs them on the CPU, and the
+    message (once per process) says so.
+
+    Args:
+      devices: the devices asked for, one per shard.
+      key_dtype: the variable's key dtype.
+
+    Returns:
+      `(placed, message)`: the device of each shard, and a message for the user, or
+      None when every shard is where asked and will run there.
+
+    Example:
+
+    >>> from tensorflow_dynemb.sharding import table_devices
+    >>> table_devices(["/GPU:0", "/job:ps/task:1/GPU:0"], tf.string)[0]
+    ['/CPU:0', '/job:ps/task:1/device:CPU:0']
+    """
+    global _said_no_gpu_kernels
+    gpus = [d for d in devices if _is_gpu(d)]
+    if not gpus:
+        return list(devices), None
+    if key_dtype == tf.string:
+        placed = [_cpu_of(d) if _is_gpu(d) else d for d in devices]
+        return placed, (
+            f"string keys have no GPU tables: the shards asked for on {gpus} are placed "
+            f"on {[_cpu_of(d) for d in gpus]} instead."
+        )
+    if not _ops.gpu_kernels_built() and not _said_no_gpu_kernels:
+        _said_no_gpu_kernels = True
+        return list(devices), (
+            f"tensorflow_dynemb was built without its GPU kernels, so the tables asked for "
+            f"on {gpus} run where TensorFlow's soft device placement puts them (the CPU); "
+            "where soft placement is off (TF1 sessions by default), TensorFlow cannot "
+            "place them. Rebuild with DYNEMB_CUDA=1 for GPU tables (docs/gpu.md)."
+        )
+    return list(devices), None
 
 
 def default_partition_fn(keys: TensorLike, shard_num: int) -> tf.Tensor:

@@ -731,7 +731,9 @@ class HashTable(_DynembTable):
           checkpoint: whether checkpoints save and restore the content. In graph mode
             without `shared_name`, a checkpointed table is shared by its node name.
           init_size: keys to reserve room for up front.
-          device: where to place the table and its ops (default: TF's placer).
+          device: where to place the table and its ops (default: TF's placer). A GPU
+            holds int32/int64-keyed tables when the op library has its GPU kernels
+            (docs/gpu.md); string-keyed tables run on the CPU.
           shared_name: share the table with every other table of this name in the
             process (default: not shared; eager tables are anonymous).
 
@@ -913,11 +915,14 @@ class HkvHashTable(_DynembTable):
           checkpoint: whether checkpoints save and restore the content (with scores).
           init_capacity: keys to reserve room for up front (>= 1).
           max_capacity: the most keys the table holds (>= init_capacity).
-          max_hbm_for_values: device-memory budget for values on GPU; ignored on CPU.
+          max_hbm_for_values: device-memory budget for values on GPU, in bytes (the
+            rows beyond it live in pinned host memory the GPU reads over the bus);
+            ignored on CPU.
           config: an `HkvHashTableConfig`; when given, its fields override
             `init_capacity`, `max_capacity`, `max_hbm_for_values`, `evict_strategy`,
             `step_per_epoch` and `gen_scores_fn` (as in TFRA).
-          device: where to place the table and its ops (default: TF's placer).
+          device: where to place the table and its ops (default: TF's placer); see
+            `HashTable`.
           shared_name: share the table by this name (default: not shared).
           evict_strategy: used when no `config` is given.
           step_per_epoch: used when no `config` is given.
@@ -971,6 +976,7 @@ class HkvHashTable(_DynembTable):
                 step_per_epoch=step_per_epoch,
                 find_updates_scores=strategy
                 in (HkvEvictStrategy.LRU, HkvEvictStrategy.EPOCHLRU),
+                max_hbm_for_values=self._max_hbm_for_values,
             ),
         )
 

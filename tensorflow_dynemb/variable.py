@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -45,6 +46,7 @@ from tensorflow_dynemb.sharding import (
     HashTableCreator,
     Partitioner,
     default_partition_fn,
+    table_devices,
 )
 
 __all__ = ["Variable", "get_variable"]
@@ -126,7 +128,10 @@ class Variable(tf.Module):
           value_dtype: the value dtype (default `tf.float32`).
           dim: elements per row (>= 1).
           devices: one shard per device (default `["/CPU:0"]`); remote devices such as
-            `/job:ps/task:1/CPU:0` work too.
+            `/job:ps/task:1/CPU:0` work too. GPU devices hold int32 / int64 keyed shards
+            when the op library has its GPU kernels (docs/gpu.md); string-keyed shards
+            asked for on a GPU go to that machine's CPU, with a warning (see
+            `tensorflow_dynemb.sharding.table_devices`).
           partitioner: `fn(keys, num_shards) -> int32 shard ids`; default
             `de.default_partition_fn`.
           shared_name: share the shard tables by name with other variables of this
@@ -154,11 +159,16 @@ class Variable(tf.Module):
         self._key_dtype = as_dtype(key_dtype, "key_dtype", KEY_DTYPES)
         self._value_dtype = as_dtype(value_dtype, "value_dtype", VALUE_DTYPES)
         self._dim = check_int(dim, "dim", 1)
-        self._devices = _check_devices(devices)
+        devices = _check_devices(devices)
         if not callable(partitioner):
             raise TypeError(f"`partitioner` must be callable, got {partitioner!r}.")
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
+        # Where the shards really go (string keys have no GPU tables); `devices`,
+        # and every companion variable (optimizer slots), use these.
+        self._devices, placement_note = table_devices(devices, self._key_dtype)
+        if placement_note:
+            warnings.warn(f"de.Variable {name!r}: {placement_note}", UserWarning, stacklevel=2)
         init_size = check_int(init_size, "init_size", 0)
         kv_creator = kv_creator if kv_creator is not None else HashTableCreator()
         if not hasattr(kv_creator, "create"):

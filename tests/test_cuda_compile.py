@@ -2,8 +2,13 @@
 without warnings -- so the GPU code cannot rot on machines (CI) without a GPU.
 
 Compiles each `.cu` under cc/ with `nvcc -c` into a temporary directory (sources
-and architectures in parallel), and the GPU module's binding (host code) with the
-C++ compiler. Skips where nvcc is not installed. Needs no GPU and no TensorFlow.
+and architectures in parallel), the GPU module's binding (host code) with the
+C++ compiler, and the op library's GPU kernels (cc/kernels/gpu, host code that
+includes TensorFlow's headers) the way setup.py compiles them: the C++ compiler,
+the installed TensorFlow's compile flags, -DGOOGLE_CUDA=1 and the CUDA headers.
+Warnings fail a test, but only ours: TensorFlow's and CUDA's headers are
+-isystem. Skips where nvcc (the CUDA toolkit) is not installed; only the GPU
+kernel test needs TensorFlow. Needs no GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ REPO = core_gpu_ext.REPO
 ARCHS = (("sm_90", ["-arch=sm_90"]),
          ("sm_80", ["-gencode", "arch=compute_80,code=sm_80"]))
 CU_SOURCES = sorted(REPO.glob("cc/**/*.cu"))
+GPU_KERNEL_SOURCES = sorted(REPO.glob("cc/kernels/gpu/*.cc"))
 
 
 def _nvcc() -> str:
@@ -66,3 +72,28 @@ def test_gpu_binding_compiles():
            str(REPO / "cc/bindings_gpu/core_gpu_module.cc")]
     _, proc = _run(cmd)
     assert proc.returncode == 0 and "warning" not in proc.stderr.lower(), proc.stderr
+
+
+def test_gpu_kernel_sources_exist():
+    assert GPU_KERNEL_SOURCES, "no .cc sources under cc/kernels/gpu"
+
+
+def test_gpu_kernels_compile_against_installed_tensorflow(tmp_path):
+    """The TF GPU kernels compile against this TensorFlow's headers (run it under
+    each supported TF: the stream and allocator APIs they use drift)."""
+    _nvcc()  # the CUDA headers come with the toolkit
+    tf = pytest.importorskip("tensorflow")
+    include = [] if core_gpu_ext.cuda_home() is None else [
+        "-isystem", str(core_gpu_ext.cuda_home() / "include")]
+    tf_flags = []
+    for flag in tf.sysconfig.get_compile_flags():
+        tf_flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
+    cxx = os.environ.get("CXX", "g++")
+    jobs = [[cxx, "-std=c++17", "-O3", "-fPIC", "-Wall", "-Wextra", *tf_flags,
+             "-DGOOGLE_CUDA=1", *include, f"-I{REPO}", "-c", str(src),
+             "-o", str(tmp_path / f"{src.stem}.o")] for src in GPU_KERNEL_SOURCES]
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(_run, jobs))
+    failures = [f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}" for cmd, proc in results
+                if proc.returncode != 0 or "warning" in (proc.stdout + proc.stderr).lower()]
+    assert not failures, "\n\n".join(failures)

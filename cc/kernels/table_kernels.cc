@@ -1,5 +1,6 @@
-// CPU kernels of the table ops (cc/ops/table_ops.cc): thin adapters that turn
-// tensors into spans, check shapes, and call the core table.
+// The table ops' kernels (table_kernels.h), and their CPU registrations.
+
+#include "cc/kernels/table_kernels.h"
 
 #include <memory>
 #include <string>
@@ -18,7 +19,6 @@
 #include "tensorflow/core/platform/env.h"
 
 namespace dynemb {
-namespace {
 
 using ::tensorflow::DataType;
 using ::tensorflow::OpKernel;
@@ -27,106 +27,92 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
+namespace {
+
+tensorflow::AllocatorAttributes HostMemory() {
+  tensorflow::AllocatorAttributes attr;
+  attr.set_on_host(true);
+  return attr;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------
 // Create
 // ---------------------------------------------------------------------------
-class CreateTableOp : public OpKernel {
- public:
-  explicit CreateTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
-    bool use_node_name_sharing = false;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing));
-    if (shared_name_.empty() && use_node_name_sharing) shared_name_ = name();
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("anonymous", &anonymous_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("key_dtype", &key_dtype_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_dtype", &value_dtype_));
-    tensorflow::PartialTensorShape value_shape;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_shape", &value_shape));
-    OP_REQUIRES(ctx, value_shape.AsTensorShape(&value_shape_),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "value_shape must be fully defined, got ", value_shape.DebugString())));
-    OP_REQUIRES(ctx, ToCoreKeyType(key_dtype_, &options_.key_type),
-                absl::InvalidArgumentError("unsupported key_dtype"));
-    OP_REQUIRES(ctx, ToCoreValueType(value_dtype_, &options_.value_type),
-                absl::InvalidArgumentError("unsupported value_dtype"));
-    options_.dim = value_shape_.num_elements();
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &options_.init_capacity));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_capacity", &options_.max_capacity));
-    std::string strategy;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_strategy", &strategy));
-    OP_REQUIRES(ctx, ParseEvictStrategy(strategy, &options_.strategy),
-                absl::InvalidArgumentError(absl::StrCat("unknown evict_strategy '", strategy, "'")));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("step_per_epoch", &options_.step_per_epoch));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("find_updates_scores", &options_.find_updates_scores));
-    OP_REQUIRES_OK(ctx, ToTfStatus(options_.Validate()));
-  }
+CreateTableOp::CreateTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
+  bool use_node_name_sharing = false;
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("use_node_name_sharing", &use_node_name_sharing));
+  if (shared_name_.empty() && use_node_name_sharing) shared_name_ = name();
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("anonymous", &anonymous_));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("key_dtype", &key_dtype_));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("value_dtype", &value_dtype_));
+  tensorflow::PartialTensorShape value_shape;
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("value_shape", &value_shape));
+  OP_REQUIRES(ctx, value_shape.AsTensorShape(&value_shape_),
+              absl::InvalidArgumentError(absl::StrCat(
+                  "value_shape must be fully defined, got ", value_shape.DebugString())));
+  OP_REQUIRES(ctx, ToCoreKeyType(key_dtype_, &options_.key_type),
+              absl::InvalidArgumentError("unsupported key_dtype"));
+  OP_REQUIRES(ctx, ToCoreValueType(value_dtype_, &options_.value_type),
+              absl::InvalidArgumentError("unsupported value_dtype"));
+  options_.dim = value_shape_.num_elements();
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &options_.init_capacity));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("max_capacity", &options_.max_capacity));
+  std::string strategy;
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_strategy", &strategy));
+  OP_REQUIRES(ctx, ParseEvictStrategy(strategy, &options_.strategy),
+              absl::InvalidArgumentError(absl::StrCat("unknown evict_strategy '", strategy, "'")));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("step_per_epoch", &options_.step_per_epoch));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("find_updates_scores", &options_.find_updates_scores));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("max_hbm_for_values", &options_.max_hbm_for_values));
+  OP_REQUIRES_OK(ctx, ToTfStatus(options_.Validate()));
+}
 
-  void Compute(OpKernelContext* ctx) override {
-    const std::vector<tensorflow::DtypeAndPartialTensorShape> handle_data = {
-        {key_dtype_, tensorflow::PartialTensorShape({})}, {value_dtype_, value_shape_}};
-    Tensor* handle;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle, HostMemory()));
-    if (anonymous_) {
-      TableResource* resource;
-      OP_REQUIRES_OK(ctx, NewResource(&resource));
-      // The handle owns the only reference: the table lives as long as a
-      // handle to it does.
-      handle->scalar<tensorflow::ResourceHandle>()() =
-          tensorflow::ResourceHandle::MakeRefCountingHandle(resource, ctx->device()->name(),
-                                                            handle_data);
-      return;
-    }
-    const std::string container =
-        container_.empty() ? ctx->resource_manager()->default_container() : container_;
-    const std::string shared_name =
-        shared_name_.empty() ? absl::StrCat("dynemb_table_", reinterpret_cast<uintptr_t>(this))
-                             : shared_name_;
+void CreateTableOp::Compute(OpKernelContext* ctx) {
+  const std::vector<tensorflow::DtypeAndPartialTensorShape> handle_data = {
+      {key_dtype_, tensorflow::PartialTensorShape({})}, {value_dtype_, value_shape_}};
+  Tensor* handle;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle, HostMemory()));
+  if (anonymous_) {
     TableResource* resource;
-    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<TableResource>(
-                            container, shared_name, &resource,
-                            [this](TableResource** out) { return NewResource(out); }));
-    tensorflow::core::ScopedUnref unref(resource);
-    OP_REQUIRES(ctx,
-                resource->key_dtype() == key_dtype_ && resource->value_dtype() == value_dtype_ &&
-                    resource->value_shape() == value_shape_,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "table '", shared_name, "' already exists as ", resource->DebugString(),
-                    ", which does not match the requested key ",
-                    tensorflow::DataTypeString(key_dtype_), ", value ",
-                    tensorflow::DataTypeString(value_dtype_), ", value_shape ",
-                    value_shape_.DebugString())));
+    OP_REQUIRES_OK(ctx, NewResource(ctx, &resource));
+    // The handle owns the only reference: the table lives as long as a
+    // handle to it does.
     handle->scalar<tensorflow::ResourceHandle>()() =
-        tensorflow::MakeResourceHandle<TableResource>(ctx, container, shared_name, handle_data);
+        tensorflow::ResourceHandle::MakeRefCountingHandle(resource, ctx->device()->name(),
+                                                          handle_data);
+    return;
   }
-
- private:
-  static tensorflow::AllocatorAttributes HostMemory() {
-    tensorflow::AllocatorAttributes attr;
-    attr.set_on_host(true);
-    return attr;
-  }
-
-  absl::Status NewResource(TableResource** out) const {
-    Status status;
-    std::unique_ptr<Table> table = NewCpuTable(options_, &status);
-    if (!status.ok()) return ToTfStatus(status);
-    *out = new TableResource(std::move(table), key_dtype_, value_dtype_, value_shape_);
-    return absl::OkStatus();
-  }
-
-  std::string container_;
-  std::string shared_name_;
-  bool anonymous_ = false;
-  DataType key_dtype_;
-  DataType value_dtype_;
-  TensorShape value_shape_;
-  TableOptions options_;
-};
+  const std::string container =
+      container_.empty() ? ctx->resource_manager()->default_container() : container_;
+  const std::string shared_name =
+      shared_name_.empty() ? absl::StrCat("dynemb_table_", reinterpret_cast<uintptr_t>(this))
+                           : shared_name_;
+  TableResource* resource;
+  OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<TableResource>(
+                          container, shared_name, &resource,
+                          [this, ctx](TableResource** out) { return NewResource(ctx, out); }));
+  tensorflow::core::ScopedUnref unref(resource);
+  OP_REQUIRES(ctx,
+              resource->key_dtype() == key_dtype_ && resource->value_dtype() == value_dtype_ &&
+                  resource->value_shape() == value_shape_,
+              absl::InvalidArgumentError(absl::StrCat(
+                  "table '", shared_name, "' already exists as ", resource->DebugString(),
+                  ", which does not match the requested key ",
+                  tensorflow::DataTypeString(key_dtype_), ", value ",
+                  tensorflow::DataTypeString(value_dtype_), ", value_shape ",
+                  value_shape_.DebugString())));
+  handle->scalar<tensorflow::ResourceHandle>()() =
+      tensorflow::MakeResourceHandle<TableResource>(ctx, container, shared_name, handle_data);
+}
 
 // ---------------------------------------------------------------------------
 // Helpers shared by the table ops
 // ---------------------------------------------------------------------------
+namespace {
 
 // A keys tensor as the core's batch representation. String keys become views
 // of the tensor's strings, valid while the tensor lives.
@@ -177,76 +163,60 @@ absl::Status ScoresOrNull(const Tensor& scores, const Tensor& keys, const uint64
   return absl::OkStatus();
 }
 
-// Base of every op that takes a table handle as input 0: looks the resource
-// up, checks the op's key/value dtypes against the table, then calls
-// ComputeWithTable.
-class TableOpKernel : public OpKernel {
- public:
-  explicit TableOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    if (HasAttr(ctx, "Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
-    if (HasAttr(ctx, "Tvalue")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tvalue", &value_dtype_));
+}  // namespace
+
+TableOpKernel::TableOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  const auto& attrs = ctx->def().attr();
+  if (attrs.count("Tkey") > 0) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
+  if (attrs.count("Tvalue") > 0) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tvalue", &value_dtype_));
+}
+
+void TableOpKernel::Compute(OpKernelContext* ctx) {
+  tensorflow::core::RefCountPtr<TableResource> resource;
+  OP_REQUIRES_OK(ctx,
+                 tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0), &resource));
+  if (key_dtype_ != tensorflow::DT_INVALID) {
+    OP_REQUIRES(ctx, key_dtype_ == resource->key_dtype(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "keys must be ", tensorflow::DataTypeString(resource->key_dtype()),
+                    " for this table, got ", tensorflow::DataTypeString(key_dtype_))));
   }
-
-  void Compute(OpKernelContext* ctx) override {
-    tensorflow::core::RefCountPtr<TableResource> resource;
-    OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, 0),
-                                                   &resource));
-    if (key_dtype_ != tensorflow::DT_INVALID) {
-      OP_REQUIRES(ctx, key_dtype_ == resource->key_dtype(),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "keys must be ", tensorflow::DataTypeString(resource->key_dtype()),
-                      " for this table, got ", tensorflow::DataTypeString(key_dtype_))));
-    }
-    if (value_dtype_ != tensorflow::DT_INVALID) {
-      OP_REQUIRES(ctx, value_dtype_ == resource->value_dtype(),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "values must be ", tensorflow::DataTypeString(resource->value_dtype()),
-                      " for this table, got ", tensorflow::DataTypeString(value_dtype_))));
-    }
-    ComputeWithTable(ctx, resource.get());
+  if (value_dtype_ != tensorflow::DT_INVALID) {
+    OP_REQUIRES(ctx, value_dtype_ == resource->value_dtype(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "values must be ", tensorflow::DataTypeString(resource->value_dtype()),
+                    " for this table, got ", tensorflow::DataTypeString(value_dtype_))));
   }
-
- protected:
-  virtual void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) = 0;
-
- private:
-  static bool HasAttr(OpKernelConstruction* ctx, const char* name) {
-    return ctx->def().attr().count(name) > 0;
-  }
-
-  DataType key_dtype_ = tensorflow::DT_INVALID;
-  DataType value_dtype_ = tensorflow::DT_INVALID;
-};
+  std::unique_ptr<Runner> runner;
+  OP_REQUIRES_OK(ctx, resource->NewRunner(ctx, &runner));
+  ComputeWithTable(ctx, resource.get(), *runner);
+}
 
 // ---------------------------------------------------------------------------
 // Table ops
 // ---------------------------------------------------------------------------
-class FindOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+void FindOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                              const Runner& runner) {
+  const Tensor& keys = ctx->input(1);
+  const Tensor& defaults = ctx->input(2);
+  const TensorShape out_shape = KeyedShape(keys.shape(), resource->value_shape());
+  const bool per_key = defaults.shape() == out_shape;
+  OP_REQUIRES(ctx, per_key || defaults.shape() == resource->value_shape(),
+              absl::InvalidArgumentError(absl::StrCat(
+                  "Expected shape ", resource->value_shape().DebugString(), " or ",
+                  out_shape.DebugString(), " for default_value, got ",
+                  defaults.shape().DebugString())));
+  Tensor* values;
+  Tensor* exists;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &values));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
+  KeyBatch batch(keys);
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Find(
+                          batch.data(), batch.size(), values->data(),
+                          static_cast<bool*>(exists->data()), defaults.data(), per_key, runner)));
+}
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const Tensor& keys = ctx->input(1);
-    const Tensor& defaults = ctx->input(2);
-    const TensorShape out_shape = KeyedShape(keys.shape(), resource->value_shape());
-    const bool per_key = defaults.shape() == out_shape;
-    OP_REQUIRES(ctx, per_key || defaults.shape() == resource->value_shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "Expected shape ", resource->value_shape().DebugString(), " or ",
-                    out_shape.DebugString(), " for default_value, got ",
-                    defaults.shape().DebugString())));
-    Tensor* values;
-    Tensor* exists;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
-    KeyBatch batch(keys);
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Find(
-                            batch.data(), batch.size(), values->data(),
-                            static_cast<bool*>(exists->data()), defaults.data(), per_key, runner)));
-  }
-};
+namespace {
 
 // Checks keys/values/scores of Insert and Import; returns the scores pointer.
 absl::Status CheckInsertInputs(OpKernelContext* ctx, TableResource* resource,
@@ -257,20 +227,13 @@ absl::Status CheckInsertInputs(OpKernelContext* ctx, TableResource* resource,
   return ScoresOrNull(ctx->input(3), keys, scores);
 }
 
-class InsertOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
-
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const uint64_t* scores;
-    OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
-    KeyBatch batch(ctx->input(1));
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
-                                                            ctx->input(2).data(), scores, runner)));
-  }
-};
+// Checks keys/deltas/exists of Accum and AccumAndEvict.
+absl::Status CheckAccumInputs(OpKernelContext* ctx, TableResource* resource) {
+  const Tensor& keys = ctx->input(1);
+  TF_RETURN_IF_ERROR(
+      CheckShape(KeyedShape(keys.shape(), resource->value_shape()), ctx->input(2), "values"));
+  return CheckShape(keys.shape(), ctx->input(3), "exists");
+}
 
 // The three outputs (keys, values, scores) of the *AndEvict ops. A batch of
 // n rows evicts at most n entries: the core fills n-row buffers and the
@@ -311,145 +274,105 @@ class EvictedOutputs {
   EvictedEntries entries_;
 };
 
-class InsertAndEvictOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+}  // namespace
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const uint64_t* scores;
-    OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
-    KeyBatch batch(ctx->input(1));
-    EvictedOutputs evicted;
-    OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().InsertAndEvict(
-                            batch.data(), batch.size(), ctx->input(2).data(), scores,
-                            evicted.entries(), runner)));
-    evicted.SetOutputs(ctx);
-  }
-};
-
-class ImportOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
-
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    // Every input is checked before the content is dropped.
-    const uint64_t* scores;
-    OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
-    KeyBatch batch(ctx->input(1));
-    ThreadPoolRunner runner(ctx);
-    resource->table().Clear();
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
-                                                            ctx->input(2).data(), scores, runner)));
-  }
-};
-
-// Checks keys/deltas/exists of Accum and AccumAndEvict.
-absl::Status CheckAccumInputs(OpKernelContext* ctx, TableResource* resource) {
-  const Tensor& keys = ctx->input(1);
-  TF_RETURN_IF_ERROR(
-      CheckShape(KeyedShape(keys.shape(), resource->value_shape()), ctx->input(2), "values"));
-  return CheckShape(keys.shape(), ctx->input(3), "exists");
+void InsertOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                const Runner& runner) {
+  const uint64_t* scores;
+  OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+  KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
+                                                          ctx->input(2).data(), scores, runner)));
 }
 
-class AccumOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+void InsertAndEvictOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                        const Runner& runner) {
+  const uint64_t* scores;
+  OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+  KeyBatch batch(ctx->input(1));
+  EvictedOutputs evicted;
+  OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().InsertAndEvict(
+                          batch.data(), batch.size(), ctx->input(2).data(), scores,
+                          evicted.entries(), runner)));
+  evicted.SetOutputs(ctx);
+}
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
-    KeyBatch batch(ctx->input(1));
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Accum(
-                            batch.data(), batch.size(), ctx->input(2).data(),
-                            static_cast<const bool*>(ctx->input(3).data()), runner)));
-  }
-};
+void ImportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                const Runner& runner) {
+  // Every input is checked before the content is dropped.
+  const uint64_t* scores;
+  OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+  KeyBatch batch(ctx->input(1));
+  resource->table().Clear();
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
+                                                          ctx->input(2).data(), scores, runner)));
+}
 
-class AccumAndEvictOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+void AccumOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                               const Runner& runner) {
+  OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
+  KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Accum(
+                          batch.data(), batch.size(), ctx->input(2).data(),
+                          static_cast<const bool*>(ctx->input(3).data()), runner)));
+}
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
-    KeyBatch batch(ctx->input(1));
-    EvictedOutputs evicted;
-    OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().AccumAndEvict(
-                            batch.data(), batch.size(), ctx->input(2).data(),
-                            static_cast<const bool*>(ctx->input(3).data()), evicted.entries(),
-                            runner)));
-    evicted.SetOutputs(ctx);
-  }
-};
+void AccumAndEvictOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                       const Runner& runner) {
+  OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
+  KeyBatch batch(ctx->input(1));
+  EvictedOutputs evicted;
+  OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().AccumAndEvict(
+                          batch.data(), batch.size(), ctx->input(2).data(),
+                          static_cast<const bool*>(ctx->input(3).data()), evicted.entries(),
+                          runner)));
+  evicted.SetOutputs(ctx);
+}
 
-class RemoveOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+void RemoveOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                const Runner& runner) {
+  KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Remove(batch.data(), batch.size(), runner)));
+}
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    KeyBatch batch(ctx->input(1));
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Remove(batch.data(), batch.size(), runner)));
-  }
-};
+void ClearOp::ComputeWithTable(OpKernelContext*, TableResource* resource, const Runner&) {
+  resource->table().Clear();
+}
 
-class ClearOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+// The scalar outputs of Size and Stats are in host memory on every device
+// (HostMemory in the GPU registrations): the core keeps them on the host.
+void SizeOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
+  Tensor* size;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
+  size->scalar<int64_t>()() = resource->table().Size();
+}
 
- protected:
-  void ComputeWithTable(OpKernelContext*, TableResource* resource) override {
-    resource->table().Clear();
-  }
-};
+void StatsOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
+  const Table& table = resource->table();
+  const int64_t size = table.Size();
+  const int64_t capacity = table.Capacity();
+  const TableCounters counters = table.Counters();
+  const auto set = [ctx](int index, auto value) {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(index, TensorShape({}), &out));
+    out->scalar<decltype(value)>()() = value;
+  };
+  set(0, size);
+  set(1, capacity);
+  set(2, table.options().max_capacity);
+  set(3, capacity > 0 ? static_cast<float>(size) / static_cast<float>(capacity) : 0.0f);
+  set(4, static_cast<int64_t>(counters.inserts));
+  set(5, static_cast<int64_t>(counters.lookups));
+  set(6, static_cast<int64_t>(counters.misses));
+  set(7, static_cast<int64_t>(counters.evictions));
+}
 
-class SizeOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+namespace {
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    Tensor* size;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
-    size->scalar<int64_t>()() = resource->table().Size();
-  }
-};
-
-class StatsOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
-
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const Table& table = resource->table();
-    const int64_t size = table.Size();
-    const int64_t capacity = table.Capacity();
-    const TableCounters counters = table.Counters();
-    const auto set = [ctx](int index, auto value) {
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(index, TensorShape({}), &out));
-      out->scalar<decltype(value)>()() = value;
-    };
-    set(0, size);
-    set(1, capacity);
-    set(2, table.options().max_capacity);
-    set(3, capacity > 0 ? static_cast<float>(size) / static_cast<float>(capacity) : 0.0f);
-    set(4, static_cast<int64_t>(counters.inserts));
-    set(5, static_cast<int64_t>(counters.lookups));
-    set(6, static_cast<int64_t>(counters.misses));
-    set(7, static_cast<int64_t>(counters.evictions));
-  }
-};
-
-// Allocates the export outputs once the table knows its size.
+// Allocates the export outputs once the table knows its size. They are in
+// the op's device memory (a GPU table fills them on the device).
 class TensorExportSink : public ExportSink {
  public:
   TensorExportSink(OpKernelContext* ctx, const TensorShape& value_shape)
@@ -484,33 +407,29 @@ class TensorExportSink : public ExportSink {
   tensorflow::tstring* string_keys_ = nullptr;
 };
 
-class ExportOp : public TableOpKernel {
- public:
-  using TableOpKernel::TableOpKernel;
+}  // namespace
 
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    TensorExportSink sink(ctx, resource->value_shape());
-    OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Export(&sink)));
-  }
-};
+void ExportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
+  TensorExportSink sink(ctx, resource->value_shape());
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Export(&sink)));
+}
 
 // ---------------------------------------------------------------------------
 // Streaming save / load through TF's file systems (local, GCS, HDFS, ...).
+// ExportChunks hands SaveTable host memory on every device, and LoadFiles
+// stages host chunks for a GPU table, so files are the same whatever device
+// wrote or reads them.
 // ---------------------------------------------------------------------------
+namespace {
+
 class WritableFileSink : public ByteSink {
  public:
   explicit WritableFileSink(std::unique_ptr<tensorflow::WritableFile> file)
       : file_(std::move(file)) {}
   Status Append(const void* data, size_t size) override {
-    return FromTf(file_->Append(absl::string_view(static_cast<const char*>(data), size)));
+    return FromTfStatus(file_->Append(absl::string_view(static_cast<const char*>(data), size)));
   }
-  Status Close() override { return FromTf(file_->Close()); }
-
-  static Status FromTf(const absl::Status& s) {
-    if (s.ok()) return Status::Ok();
-    return Status(static_cast<StatusCode>(s.code()), std::string(s.message()));
-  }
+  Status Close() override { return FromTfStatus(file_->Close()); }
 
  private:
   std::unique_ptr<tensorflow::WritableFile> file_;
@@ -521,7 +440,7 @@ class InputBufferSource : public ByteSource {
   InputBufferSource(std::unique_ptr<tensorflow::RandomAccessFile> file, std::string path)
       : file_(std::move(file)), buffer_(file_.get(), 4 << 20), path_(std::move(path)) {}
   std::string Name() const override { return path_; }
-  Status Rewind() override { return WritableFileSink::FromTf(buffer_.Seek(0)); }
+  Status Rewind() override { return FromTfStatus(buffer_.Seek(0)); }
   Status Read(void* data, size_t size, bool* eof) override {
     *eof = false;
     size_t read = 0;
@@ -531,7 +450,7 @@ class InputBufferSource : public ByteSource {
       *eof = true;
       return Status::Ok();
     }
-    if (!s.ok() && !absl::IsOutOfRange(s)) return WritableFileSink::FromTf(s);
+    if (!s.ok() && !absl::IsOutOfRange(s)) return FromTfStatus(s);
     if (read != size) return Status(StatusCode::kDataLoss, "table file is truncated");
     return Status::Ok();
   }
@@ -542,75 +461,84 @@ class InputBufferSource : public ByteSource {
   std::string path_;
 };
 
-class SaveToFileOp : public TableOpKernel {
- public:
-  explicit SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
+}  // namespace
+
+SaveToFileOp::SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
+}
+
+void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                    const Runner&) {
+  const std::string path(ctx->input(1).scalar<tensorflow::tstring>()());
+  // Write beside the target and rename, so a crash never leaves a torn file
+  // under the final name.
+  const std::string tmp_path = path + ".tmp";
+  tensorflow::Env* env = tensorflow::Env::Default();
+  // The directory may be a graph-time tensor that Python never saw: create it here.
+  const std::string directory(tensorflow::io::Dirname(path));
+  if (!directory.empty() && !env->IsDirectory(directory).ok()) {
+    OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(directory));
   }
+  std::unique_ptr<tensorflow::WritableFile> file;
+  OP_REQUIRES_OK(ctx, env->NewWritableFile(tmp_path, &file));
+  WritableFileSink sink(std::move(file));
+  OP_REQUIRES_OK(ctx, ToTfStatus(SaveTable(resource->table(), chunk_rows_, &sink)));
+  OP_REQUIRES_OK(ctx, env->RenameFile(tmp_path, path));
+}
+
+LoadFromFileOp::LoadFromFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &options_.chunk_rows));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &options_.clear_first));
+  int64_t num_shards = 1, shard_index = 0;
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index));
+  OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
+              absl::InvalidArgumentError(absl::StrCat(
+                  "shard_index must be in [0, num_shards), got shard_index ", shard_index,
+                  ", num_shards ", num_shards)));
+  options_.num_shards = static_cast<int32_t>(num_shards);
+  options_.shard_index = static_cast<int32_t>(shard_index);
+}
+
+void LoadFromFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                      const Runner& runner) {
+  const auto paths = ctx->input(1).flat<tensorflow::tstring>();
+  std::vector<std::unique_ptr<InputBufferSource>> owned;
+  std::vector<ByteSource*> sources;
+  for (int64_t i = 0; i < paths.size(); ++i) {
+    const std::string path(paths(i));
+    std::unique_ptr<tensorflow::RandomAccessFile> file;
+    OP_REQUIRES_OK(ctx, tensorflow::Env::Default()->NewRandomAccessFile(path, &file));
+    owned.push_back(std::make_unique<InputBufferSource>(std::move(file), path));
+    sources.push_back(owned.back().get());
+  }
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->LoadFiles(sources, options_, runner)));
+}
+
+// ---------------------------------------------------------------------------
+// CPU registrations
+// ---------------------------------------------------------------------------
+namespace {
+
+// Makes CPU tables.
+class CpuCreateTableOp final : public CreateTableOp {
+ public:
+  using CreateTableOp::CreateTableOp;
 
  protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const std::string path(ctx->input(1).scalar<tensorflow::tstring>()());
-    // Write beside the target and rename, so a crash never leaves a torn file
-    // under the final name.
-    const std::string tmp_path = path + ".tmp";
-    tensorflow::Env* env = tensorflow::Env::Default();
-    // The directory may be a graph-time tensor that Python never saw: create it here.
-    const std::string directory(tensorflow::io::Dirname(path));
-    if (!directory.empty() && !env->IsDirectory(directory).ok()) {
-      OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(directory));
-    }
-    std::unique_ptr<tensorflow::WritableFile> file;
-    OP_REQUIRES_OK(ctx, env->NewWritableFile(tmp_path, &file));
-    WritableFileSink sink(std::move(file));
-    OP_REQUIRES_OK(ctx, ToTfStatus(SaveTable(resource->table(), chunk_rows_, &sink)));
-    OP_REQUIRES_OK(ctx, env->RenameFile(tmp_path, path));
+  absl::Status NewResource(OpKernelContext*, TableResource** out) const override {
+    Status status;
+    std::unique_ptr<Table> table = NewCpuTable(options(), &status);
+    if (!status.ok()) return ToTfStatus(status);
+    *out = new CpuTableResource(std::move(table), key_dtype(), value_dtype(), value_shape());
+    return absl::OkStatus();
   }
-
- private:
-  int64_t chunk_rows_;
-};
-
-class LoadFromFileOp : public TableOpKernel {
- public:
-  explicit LoadFromFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &options_.chunk_rows));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &options_.clear_first));
-    int64_t num_shards = 1, shard_index = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index));
-    OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "shard_index must be in [0, num_shards), got shard_index ", shard_index,
-                    ", num_shards ", num_shards)));
-    options_.num_shards = static_cast<int32_t>(num_shards);
-    options_.shard_index = static_cast<int32_t>(shard_index);
-  }
-
- protected:
-  void ComputeWithTable(OpKernelContext* ctx, TableResource* resource) override {
-    const auto paths = ctx->input(1).flat<tensorflow::tstring>();
-    std::vector<std::unique_ptr<InputBufferSource>> owned;
-    std::vector<ByteSource*> sources;
-    for (int64_t i = 0; i < paths.size(); ++i) {
-      const std::string path(paths(i));
-      std::unique_ptr<tensorflow::RandomAccessFile> file;
-      OP_REQUIRES_OK(ctx, tensorflow::Env::Default()->NewRandomAccessFile(path, &file));
-      owned.push_back(std::make_unique<InputBufferSource>(std::move(file), path));
-      sources.push_back(owned.back().get());
-    }
-    ThreadPoolRunner runner(ctx);
-    OP_REQUIRES_OK(ctx, ToTfStatus(LoadTable(sources, resource->table(), options_, runner)));
-  }
-
- private:
-  LoadOptions options_;
 };
 
 #define DYNEMB_REGISTER_CPU(name, kernel) \
   REGISTER_KERNEL_BUILDER(Name(name).Device(tensorflow::DEVICE_CPU), kernel)
 
-DYNEMB_REGISTER_CPU("DynembHashTable", CreateTableOp);
+DYNEMB_REGISTER_CPU("DynembHashTable", CpuCreateTableOp);
 DYNEMB_REGISTER_CPU("DynembTableFind", FindOp);
 DYNEMB_REGISTER_CPU("DynembTableInsert", InsertOp);
 DYNEMB_REGISTER_CPU("DynembTableInsertAndEvict", InsertAndEvictOp);

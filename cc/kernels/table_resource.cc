@@ -32,12 +32,28 @@ absl::Status ToTfStatus(const Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.code()), status.message());
 }
 
+Status FromTfStatus(const absl::Status& status) {
+  if (status.ok()) return Status::Ok();
+  return Status(static_cast<StatusCode>(status.code()), std::string(status.message()));
+}
+
 ThreadPoolRunner::ThreadPoolRunner(tensorflow::OpKernelContext* ctx)
     : pool_(ctx->device()->tensorflow_cpu_worker_threads()->workers) {}
 
 void ThreadPoolRunner::ParallelFor(int64_t n, int64_t cost_per_unit,
                                    const std::function<void(int64_t, int64_t)>& fn) const {
   pool_->ParallelFor(n, cost_per_unit, fn);
+}
+
+Status TableResource::LoadFiles(const std::vector<ByteSource*>& sources,
+                                const LoadOptions& options, const Runner& runner) {
+  return LoadTable(sources, table(), options, runner);
+}
+
+absl::Status CpuTableResource::NewRunner(tensorflow::OpKernelContext* ctx,
+                                         std::unique_ptr<Runner>* runner) {
+  *runner = std::make_unique<ThreadPoolRunner>(ctx);
+  return absl::OkStatus();
 }
 
 std::string TableResource::DebugString() const {

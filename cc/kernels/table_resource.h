@@ -1,13 +1,19 @@
 // The TF resource that owns a core table, and the small adapters between TF
 // types and the core's (dtypes, Status, thread pool).
+//
+// Table memory belongs to the resource's device: a CpuTableResource holds a
+// CPU table; a GPU table's resource (cc/kernels/gpu/, CUDA builds only) holds
+// a table in GPU memory from TF's allocator, run on TF's stream.
 
 #ifndef DYNEMB_KERNELS_TABLE_RESOURCE_H_
 #define DYNEMB_KERNELS_TABLE_RESOURCE_H_
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cc/core/table.h"
+#include "cc/core/table_io.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -19,8 +25,9 @@ namespace dynemb {
 bool ToCoreKeyType(tensorflow::DataType dtype, KeyType* out);
 bool ToCoreValueType(tensorflow::DataType dtype, ValueType* out);
 
-// Core status -> TF status (the codes are the same numbers).
+// Core status <-> TF status (the codes are the same numbers).
 absl::Status ToTfStatus(const Status& status);
+Status FromTfStatus(const absl::Status& status);
 
 // Runs core batches on the op's intra-op thread pool.
 class ThreadPoolRunner : public Runner {
@@ -33,13 +40,17 @@ class ThreadPoolRunner : public Runner {
   tensorflow::thread::ThreadPool* pool_;
 };
 
-// A table resource: the core table plus the TF-facing shape of its values.
-// Thread-safe (the core table is).
+// A table resource: a core table plus the TF-facing shape of its values. A
+// subclass per device owns the table (and whatever the table's memory comes
+// from) and says how an op runs batches on it; the kernels
+// (table_kernels.h) are the same for every device. Thread-safe (the core
+// table is).
 class TableResource : public tensorflow::ResourceBase {
  public:
-  TableResource(std::unique_ptr<Table> table, tensorflow::DataType key_dtype,
-                tensorflow::DataType value_dtype, tensorflow::TensorShape value_shape)
-      : table_(std::move(table)),
+  // `table` is owned by the subclass and lives as long as the resource.
+  TableResource(Table* table, tensorflow::DataType key_dtype, tensorflow::DataType value_dtype,
+                tensorflow::TensorShape value_shape)
+      : table_(table),
         key_dtype_(key_dtype),
         value_dtype_(value_dtype),
         value_shape_(std::move(value_shape)) {}
@@ -49,14 +60,39 @@ class TableResource : public tensorflow::ResourceBase {
   tensorflow::DataType value_dtype() const { return value_dtype_; }
   const tensorflow::TensorShape& value_shape() const { return value_shape_; }
 
+  // The Runner for one op's batches on this table, valid while `ctx` is.
+  virtual absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
+                                 std::unique_ptr<Runner>* runner) = 0;
+
+  // Loads table files (table_io.h) into the table with `runner` (from
+  // NewRunner). LoadTable hands the table host batches: a table in host
+  // memory takes them as they are (this default).
+  virtual Status LoadFiles(const std::vector<ByteSource*>& sources, const LoadOptions& options,
+                           const Runner& runner);
+
   std::string DebugString() const override;
   int64_t MemoryUsed() const override { return table_->MemoryBytes(); }
 
  private:
-  std::unique_ptr<Table> table_;
+  Table* const table_;
   const tensorflow::DataType key_dtype_;
   const tensorflow::DataType value_dtype_;
   const tensorflow::TensorShape value_shape_;
+};
+
+// A CPU table (NewCpuTable): batches run on the op's intra-op thread pool.
+class CpuTableResource final : public TableResource {
+ public:
+  CpuTableResource(std::unique_ptr<Table> table, tensorflow::DataType key_dtype,
+                   tensorflow::DataType value_dtype, tensorflow::TensorShape value_shape)
+      : TableResource(table.get(), key_dtype, value_dtype, std::move(value_shape)),
+        table_(std::move(table)) {}
+
+  absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
+                         std::unique_ptr<Runner>* runner) override;
+
+ private:
+  std::unique_ptr<Table> table_;
 };
 
 }  // namespace dynemb

@@ -185,6 +185,7 @@ REGISTER_OP("DynembHashTable")
     .Attr("evict_strategy: {'lru', 'lfu', 'epoch_lru', 'epoch_lfu', 'customized'} = 'lru'")
     .Attr("step_per_epoch: int >= 0 = 0")
     .Attr("find_updates_scores: bool = false")
+    .Attr("max_hbm_for_values: int >= -1 = -1")
     .SetIsStateful()
     .SetShapeFn(CreateTableShape)
     .Doc(R"doc(
@@ -194,6 +195,9 @@ With `anonymous`, the handle is ref-counted and the table lives as long as a
 handle to it does. Otherwise the table lives in the resource manager under
 `container`/`shared_name` (or the node name with `use_node_name_sharing`).
 max_capacity: 0 for an unbounded table.
+max_hbm_for_values: GPU tables: bytes of device memory for value rows, the rest
+  in pinned host memory the GPU reads over the bus; -1: all in device memory.
+  CPU tables ignore it.
 )doc");
 
 REGISTER_OP("DynembTableFind")

@@ -66,9 +66,10 @@ int ThreadGrid(uint64_t items, int num_sms) {
 }
 
 // ---------------------------------------------------------------------------
-// Scratch: device memory for one operation, taken from a pool of blocks the
-// table keeps between operations (operations are serialized, so a block is
-// never used by two at once; see "Operations are thread-safe" in gpu_table.h).
+// Scratch: device memory for one operation, from the runner's GpuScratch
+// (inside TF: allocate_temp) or else taken from a pool of blocks the table
+// keeps between operations (operations are serialized, so a block is never
+// used by two at once; see "Operations are thread-safe" in gpu_table.h).
 // ---------------------------------------------------------------------------
 class ScratchPool {
  public:
@@ -117,21 +118,44 @@ class ScratchPool {
   std::vector<Block> blocks_;
 };
 
-// Typed scratch for one operation; returns its blocks to the pool when done.
+// Typed scratch for one operation: from the caller's GpuScratch when the
+// runner has one, else from the pool (its blocks go back when done).
 class Scratch {
  public:
-  explicit Scratch(ScratchPool* pool) : pool_(pool) {}
+  Scratch(ScratchPool* pool, GpuScratch* external) : pool_(pool), external_(external) {}
   ~Scratch() { pool_->ReturnAll(); }
   template <typename T>
   Status Get(size_t count, T** ptr) {
     void* p = nullptr;
-    DYNEMB_RETURN_IF_ERROR(pool_->Take(count * sizeof(T), &p));
+    const size_t bytes = std::max<size_t>(count * sizeof(T), 1);
+    DYNEMB_RETURN_IF_ERROR(external_ != nullptr ? external_->Allocate(bytes, &p)
+                                                : pool_->Take(bytes, &p));
     *ptr = static_cast<T*>(p);
     return Status::Ok();
   }
 
  private:
   ScratchPool* pool_ = nullptr;
+  GpuScratch* external_ = nullptr;
+};
+
+// Makes the table's device current for a scope, and the caller's again
+// after: a table may be destroyed on any thread (TF deletes a resource where
+// its last reference goes).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&saved_) == cudaSuccess && saved_ != device) {
+      restore_ = cudaSetDevice(device) == cudaSuccess;
+    }
+  }
+  ~ScopedDevice() {
+    if (restore_) (void)cudaSetDevice(saved_);
+  }
+
+ private:
+  int saved_ = 0;
+  bool restore_ = false;
 };
 
 // A table's storage: the device view kernels get, and the host address of
@@ -145,31 +169,36 @@ struct Storage {
 template <typename K>
 class GpuTable final : public Table {
  public:
-  GpuTable(const TableOptions& options, GpuAllocator* allocator)
+  // `stream`: see NewGpuTable (nullptr: Init creates one, owned).
+  GpuTable(const TableOptions& options, GpuAllocator* allocator, cudaStream_t stream)
       : options_(options),
         allocator_(allocator),
         pool_(allocator),
         value_bytes_(options.value_bytes()),
-        bounded_(options.max_capacity > 0) {}
+        bounded_(options.max_capacity > 0),
+        stream_(stream),
+        owns_stream_(stream == nullptr) {}
 
   ~GpuTable() override {
+    ScopedDevice on_device(device_);
     if (done_ != nullptr) (void)cudaEventSynchronize(done_);
     FreeStorage(&storage_);
     pool_.Release();
     if (batch_counters_ != nullptr) allocator_->FreeDevice(batch_counters_);
     if (misses_ != nullptr) allocator_->FreeDevice(misses_);
     if (host_counters_ != nullptr) allocator_->FreeMappedHost(host_counters_);
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    if (owns_stream_ && stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     if (done_ != nullptr) (void)cudaEventDestroy(done_);
   }
 
   Status Init() {
-    int device = 0;
-    DYNEMB_CUDA_RETURN(cudaGetDevice(&device), "cudaGetDevice");
-    DYNEMB_CUDA_RETURN(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device),
+    DYNEMB_CUDA_RETURN(cudaGetDevice(&device_), "cudaGetDevice");
+    DYNEMB_CUDA_RETURN(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_),
                        "cudaDeviceGetAttribute");
-    DYNEMB_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                       "cudaStreamCreate");
+    if (owns_stream_) {
+      DYNEMB_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                         "cudaStreamCreate");
+    }
     DYNEMB_CUDA_RETURN(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming),
                        "cudaEventCreate");
     void* p = nullptr;
@@ -299,7 +328,9 @@ class GpuTable final : public Table {
 
   Status Export(ExportSink* sink) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return Ordered(stream_, [&] { return ExportLocked(sink); });
+    const Status status = Ordered(stream_, [&] { return ExportLocked(sink); });
+    ReleaseExportScratch();
+    return status;
   }
 
   // Gathers the whole table into device scratch, then hands it to the sink in
@@ -309,17 +340,27 @@ class GpuTable final : public Table {
       return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    return Ordered(stream_, [&] { return ExportChunksLocked(chunk_rows, sink); });
+    const Status status = Ordered(stream_, [&] { return ExportChunksLocked(chunk_rows, sink); });
+    ReleaseExportScratch();
+    return status;
   }
 
  private:
+  // An export's scratch holds the whole table (and its sort buffers): give it
+  // back rather than keep a second copy of the table in device memory. After
+  // an error, queued work may still use it: wait for the stream first.
+  void ReleaseExportScratch() {
+    (void)cudaStreamSynchronize(stream_);
+    pool_.Release();
+  }
+
   Status ExportLocked(ExportSink* sink) {
     const int64_t n = size_;
     void* keys = nullptr;
     void* values = nullptr;
     uint64_t* scores = nullptr;
     DYNEMB_RETURN_IF_ERROR(sink->Allocate(n, &keys, &values, &scores));
-    Scratch scratch(&pool_);
+    Scratch scratch(&pool_, nullptr);
     DYNEMB_RETURN_IF_ERROR(GatherAll(n, EntrySink<K>{static_cast<K*>(keys),
                                                      static_cast<char*>(values), scores},
                                      &scratch));
@@ -328,7 +369,7 @@ class GpuTable final : public Table {
 
   Status ExportChunksLocked(int64_t chunk_rows, const ChunkSink& sink) {
     const int64_t n = size_;
-    Scratch scratch(&pool_);
+    Scratch scratch(&pool_, nullptr);
     EntrySink<K> all;
     DYNEMB_RETURN_IF_ERROR(scratch.Get(std::max<int64_t>(n, 1), &all.keys));
     DYNEMB_RETURN_IF_ERROR(scratch.Get(std::max<int64_t>(n, 1) * value_bytes_, &all.values));
@@ -362,11 +403,16 @@ class GpuTable final : public Table {
     return Status::Ok();
   }
 
-  static Status StreamOf(const Runner& runner, cudaStream_t* stream) {
-    const GpuRunner* gpu_runner = dynamic_cast<const GpuRunner*>(&runner);
-    if (gpu_runner == nullptr) {
+  static Status GpuRunnerOf(const Runner& runner, const GpuRunner** out) {
+    *out = dynamic_cast<const GpuRunner*>(&runner);
+    if (*out == nullptr) {
       return InvalidArgument("a GPU table needs a GpuRunner (cc/core/gpu/gpu_table.h)");
     }
+    return Status::Ok();
+  }
+  static Status StreamOf(const Runner& runner, cudaStream_t* stream) {
+    const GpuRunner* gpu_runner = nullptr;
+    DYNEMB_RETURN_IF_ERROR(GpuRunnerOf(runner, &gpu_runner));
     *stream = gpu_runner->stream();
     return Status::Ok();
   }
@@ -629,21 +675,24 @@ class GpuTable final : public Table {
   // ------------------------------------------------------------ write batch
   Status Write(const K* keys, int64_t n, WriteArgs a, bool is_insert, EvictedEntries* evicted,
                const Runner& runner) {
-    cudaStream_t stream = nullptr;
-    DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
+    const GpuRunner* gpu_runner = nullptr;
+    DYNEMB_RETURN_IF_ERROR(GpuRunnerOf(runner, &gpu_runner));
+    const cudaStream_t stream = gpu_runner->stream();
     std::lock_guard<std::mutex> lock(mu_);
-    return Ordered(stream, [&] { return WriteLocked(keys, n, a, is_insert, evicted, stream); });
+    return Ordered(stream, [&] {
+      return WriteLocked(keys, n, a, is_insert, evicted, stream, gpu_runner->scratch());
+    });
   }
 
   Status WriteLocked(const K* keys, int64_t n, WriteArgs a, bool is_insert,
-                     EvictedEntries* evicted, cudaStream_t stream) {
+                     EvictedEntries* evicted, cudaStream_t stream, GpuScratch* external) {
     DYNEMB_RETURN_IF_ERROR(WriteRule(a.scores, n, is_insert, stream, &a.rule));
     a.age_base = rows_written_;
     rows_written_ += static_cast<uint64_t>(n);
     a.value_type = options_.value_type;
     a.dim = options_.dim;
     a.elem_bytes = static_cast<uint32_t>(ValueTypeSize(options_.value_type));
-    Scratch scratch(&pool_);
+    Scratch scratch(&pool_, external);
     GroupedBatch<K> batch;
     DYNEMB_RETURN_IF_ERROR(Group(keys, n, stream, &scratch, &batch));
     DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream));
@@ -893,8 +942,11 @@ class GpuTable final : public Table {
   const bool bounded_;
   int num_sms_ = 1;
 
+  int device_ = 0;  // the CUDA device the table lives on
+
   mutable std::mutex mu_;    // serializes operations (gpu_table.h)
-  cudaStream_t stream_ = nullptr;  // for operations without a Runner
+  cudaStream_t stream_ = nullptr;  // for operations without a Runner (NewGpuTable)
+  const bool owns_stream_;
   cudaEvent_t done_ = nullptr;     // the last queued operation
 
   Storage<K> storage_;
@@ -915,20 +967,20 @@ class GpuTable final : public Table {
 }  // namespace
 
 std::unique_ptr<Table> NewGpuTable(const TableOptions& options, GpuAllocator* allocator,
-                                   Status* status) {
+                                   Status* status, cudaStream_t stream) {
   *status = options.Validate();
   if (!status->ok()) return nullptr;
   if (allocator == nullptr) allocator = CudaAllocator();
   std::unique_ptr<Table> table;
   switch (options.key_type) {
     case KeyType::kInt32: {
-      auto t = std::make_unique<GpuTable<int32_t>>(options, allocator);
+      auto t = std::make_unique<GpuTable<int32_t>>(options, allocator, stream);
       *status = t->Init();
       table = std::move(t);
       break;
     }
     case KeyType::kInt64: {
-      auto t = std::make_unique<GpuTable<int64_t>>(options, allocator);
+      auto t = std::make_unique<GpuTable<int64_t>>(options, allocator, stream);
       *status = t->Init();
       table = std::move(t);
       break;

@@ -10,14 +10,15 @@
 //     hands out -- is DEVICE memory (or memory the device can address).
 //     Exception: ExportChunks hands its ChunkSink HOST pointers, since its
 //     consumers (SaveTable's file writers) are host code.
-//   * The Runner must be a GpuRunner: work is queued on its stream.
+//   * The Runner must be a GpuRunner: work is queued on its stream, with
+//     scratch from its GpuScratch when it has one.
 //   * Find is asynchronous: it returns once queued; read the results after
 //     synchronizing the stream. Insert, Accum and Remove synchronize with the
 //     host once or twice per batch (the number of new keys decides growth and
 //     eviction; the evicted count and Size() live on the host) and have
 //     finished when they return. Export and ExportChunks have finished when
-//     they return; the sink's buffers are filled on the table's own stream,
-//     which Export synchronizes.
+//     they return; the sink's buffers are filled on the table's stream (see
+//     NewGpuTable), which Export synchronizes.
 //   * Keys are int32 or int64 (string tables are refused with a clear
 //     status); values are any ValueType; dim is a runtime value.
 //   * Operations are thread-safe: a table serializes its operations (a host
@@ -80,12 +81,30 @@
 
 namespace dynemb {
 
+// Temporary device memory for one operation: sort buffers, the batch
+// grouping, a write's first-round marks. A table takes blocks while it queues
+// an operation and never frees them; the caller keeps them valid, and unused
+// by anything else, until every CUDA work queued on the runner's stream by
+// that operation is done (write operations end synchronized; inside TF the
+// blocks are ctx->allocate_temp tensors, which TF's allocator hands out again
+// only in the stream's order). Blocks are aligned to at least 64 bytes.
+class GpuScratch {
+ public:
+  virtual ~GpuScratch() = default;
+  // A block of `bytes` (> 0). Failure (out of memory included) is a Status.
+  virtual Status Allocate(size_t bytes, void** ptr) = 0;
+};
+
 // A Runner whose work is CUDA work on `stream`. Host-side helper work
-// (ParallelFor) runs on the calling thread.
+// (ParallelFor) runs on the calling thread. `scratch` (nullable, not owned)
+// is where operations run with this runner take their temporary device
+// memory; without it a table uses a pool of its own, kept between operations.
 class GpuRunner : public Runner {
  public:
-  explicit GpuRunner(cudaStream_t stream) : stream_(stream) {}
+  explicit GpuRunner(cudaStream_t stream, GpuScratch* scratch = nullptr)
+      : stream_(stream), scratch_(scratch) {}
   cudaStream_t stream() const { return stream_; }
+  GpuScratch* scratch() const { return scratch_; }
   void ParallelFor(int64_t n, int64_t cost_per_unit,
                    const std::function<void(int64_t, int64_t)>& fn) const override {
     (void)cost_per_unit;
@@ -94,14 +113,21 @@ class GpuRunner : public Runner {
 
  private:
   cudaStream_t stream_;
+  GpuScratch* scratch_;
 };
 
 // Creates a GPU table on the current CUDA device, with memory from
 // `allocator` (not owned; it must outlive the table; nullptr: CudaAllocator()).
+// `stream` (not owned; nullptr: a stream the table creates) is where the
+// operations that take no Runner run -- the table's set-up, Clear, Export,
+// ExportChunks -- and their scratch comes from the table's pool (released
+// after each export: an export's scratch is O(size)). Inside TF it is the
+// device's compute stream, so that every use of memory from TF's allocator
+// is ordered on the stream that allocator assumes.
 // Returns nullptr and sets *status on invalid options (string keys included)
 // or when CUDA or the allocator fails.
 std::unique_ptr<Table> NewGpuTable(const TableOptions& options, GpuAllocator* allocator,
-                                   Status* status);
+                                   Status* status, cudaStream_t stream = nullptr);
 
 // Converts a CUDA error into a Status naming `what` (kResourceExhausted for
 // out-of-memory, kInternal otherwise); Ok for cudaSuccess.

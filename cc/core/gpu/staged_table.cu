@@ -14,17 +14,20 @@ namespace {
 
 #define DYNEMB_CUDA_RETURN(expr, what) DYNEMB_RETURN_IF_ERROR(CudaStatus((expr), (what)))
 
-// Device memory for one call, freed when the call ends (cudaFree waits for
-// the device, so nothing queued still uses it).
+// Device memory for one call, freed when the call ends: every call ends by
+// synchronizing its stream, so nothing queued still uses it (and cudaFree
+// waits for the device; TF's allocator is ordered on the stream TF uses).
 class DeviceBuffer {
  public:
-  DeviceBuffer() = default;
+  explicit DeviceBuffer(GpuAllocator* allocator) : allocator_(allocator) {}
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { CudaAllocator()->FreeDevice(ptr_); }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) allocator_->FreeDevice(ptr_);
+  }
 
   Status Allocate(size_t bytes) {
-    return CudaAllocator()->AllocateDevice(std::max<size_t>(bytes, 1), &ptr_);
+    return allocator_->AllocateDevice(std::max<size_t>(bytes, 1), &ptr_);
   }
   // Allocates and copies `bytes` from host `src` (nullptr: leaves it null).
   Status Upload(const void* src, size_t bytes, cudaStream_t stream) {
@@ -40,6 +43,7 @@ class DeviceBuffer {
   }
 
  private:
+  GpuAllocator* allocator_;
   void* ptr_ = nullptr;
 };
 
@@ -53,8 +57,8 @@ Status Download(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
 // caller's host sink.
 class DeviceExportSink : public ExportSink {
  public:
-  DeviceExportSink(const TableOptions& options, ExportSink* host)
-      : options_(options), host_(host) {}
+  DeviceExportSink(const TableOptions& options, ExportSink* host, GpuAllocator* allocator)
+      : options_(options), host_(host), keys_(allocator), values_(allocator), scores_(allocator) {}
 
   Status Allocate(int64_t n, void** keys, void** values, uint64_t** scores) override {
     n_ = n;
@@ -90,13 +94,22 @@ class DeviceExportSink : public ExportSink {
   DeviceBuffer keys_, values_, scores_;
 };
 
+// `gpu` runs on `runner`'s stream with staging buffers from `allocator`.
+// `owned` and `owned_stream` (nullable) are what the table owns: a table of
+// NewStagedGpuTable owns both, a view of NewStagedGpuView neither.
 class StagedTable final : public StagedGpuTable {
  public:
-  StagedTable(std::unique_ptr<Table> gpu, cudaStream_t stream)
-      : gpu_(std::move(gpu)), stream_(stream), runner_(stream) {}
+  StagedTable(Table* gpu, const GpuRunner& runner, GpuAllocator* allocator,
+              std::unique_ptr<Table> owned, cudaStream_t owned_stream)
+      : owned_(std::move(owned)),
+        gpu_(gpu),
+        runner_(runner),
+        stream_(runner.stream()),
+        allocator_(allocator),
+        owned_stream_(owned_stream) {}
   ~StagedTable() override {
-    gpu_.reset();
-    (void)cudaStreamDestroy(stream_);
+    owned_.reset();
+    if (owned_stream_ != nullptr) (void)cudaStreamDestroy(owned_stream_);
   }
 
   Table& gpu_table() override { return *gpu_; }
@@ -118,7 +131,8 @@ class StagedTable final : public StagedGpuTable {
       return gpu_->Find(keys, n, values, exists, defaults, default_per_key, runner_);  // its error
     }
     const size_t rows = static_cast<size_t>(n);
-    DeviceBuffer d_keys, d_defaults, d_values, d_exists;
+    DeviceBuffer d_keys(allocator_), d_defaults(allocator_), d_values(allocator_),
+        d_exists(allocator_);
     DYNEMB_RETURN_IF_ERROR(d_keys.Upload(keys, rows * KeyBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(
         d_defaults.Upload(defaults, (default_per_key ? rows : 1) * RowBytes(), stream_));
@@ -138,11 +152,11 @@ class StagedTable final : public StagedGpuTable {
       return gpu_->InsertAndEvict(keys, n, values, scores, evicted, runner_);  // its checks
     }
     const size_t rows = static_cast<size_t>(n);
-    DeviceBuffer d_keys, d_values, d_scores;
+    DeviceBuffer d_keys(allocator_), d_values(allocator_), d_scores(allocator_);
     DYNEMB_RETURN_IF_ERROR(d_keys.Upload(keys, rows * KeyBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(d_values.Upload(values, rows * RowBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(d_scores.Upload(scores, rows * sizeof(uint64_t), stream_));
-    EvictedOnDevice out;
+    EvictedOnDevice out(allocator_);
     DYNEMB_RETURN_IF_ERROR(out.Prepare(evicted, rows, KeyBytes(), RowBytes()));
     DYNEMB_RETURN_IF_ERROR(gpu_->InsertAndEvict(d_keys.get(), n, d_values.get(),
                                                 d_scores.get<uint64_t>(), out.entries(),
@@ -157,11 +171,11 @@ class StagedTable final : public StagedGpuTable {
       return gpu_->AccumAndEvict(keys, n, deltas, exists, evicted, runner_);  // its checks
     }
     const size_t rows = static_cast<size_t>(n);
-    DeviceBuffer d_keys, d_deltas, d_exists;
+    DeviceBuffer d_keys(allocator_), d_deltas(allocator_), d_exists(allocator_);
     DYNEMB_RETURN_IF_ERROR(d_keys.Upload(keys, rows * KeyBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(d_deltas.Upload(deltas, rows * RowBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(d_exists.Upload(exists, rows, stream_));
-    EvictedOnDevice out;
+    EvictedOnDevice out(allocator_);
     DYNEMB_RETURN_IF_ERROR(out.Prepare(evicted, rows, KeyBytes(), RowBytes()));
     DYNEMB_RETURN_IF_ERROR(gpu_->AccumAndEvict(d_keys.get(), n, d_deltas.get(),
                                                d_exists.get<bool>(), out.entries(), runner_));
@@ -170,14 +184,14 @@ class StagedTable final : public StagedGpuTable {
 
   Status Remove(const void* keys, int64_t n, const Runner&) override {
     if (n <= 0 || keys == nullptr) return gpu_->Remove(keys, n, runner_);
-    DeviceBuffer d_keys;
+    DeviceBuffer d_keys(allocator_);
     DYNEMB_RETURN_IF_ERROR(d_keys.Upload(keys, static_cast<size_t>(n) * KeyBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(gpu_->Remove(d_keys.get(), n, runner_));
     return Synchronize();
   }
 
   Status Export(ExportSink* sink) override {
-    DeviceExportSink staged(gpu_->options(), sink);
+    DeviceExportSink staged(gpu_->options(), sink, allocator_);
     DYNEMB_RETURN_IF_ERROR(gpu_->Export(&staged));
     return staged.Finish(stream_);
   }
@@ -191,6 +205,8 @@ class StagedTable final : public StagedGpuTable {
   // Device buffers for what a write evicts, mirroring the caller's host ones.
   class EvictedOnDevice {
    public:
+    explicit EvictedOnDevice(GpuAllocator* allocator)
+        : keys_(allocator), values_(allocator), scores_(allocator) {}
     Status Prepare(const EvictedEntries* host, size_t rows, size_t key_bytes, size_t row_bytes) {
       if (host == nullptr) return Status::Ok();
       wanted_ = true;
@@ -225,9 +241,12 @@ class StagedTable final : public StagedGpuTable {
   size_t KeyBytes() const { return gpu_->options().key_type == KeyType::kInt32 ? 4 : 8; }
   size_t RowBytes() const { return gpu_->options().value_bytes(); }
 
-  std::unique_ptr<Table> gpu_;
-  cudaStream_t stream_;
+  std::unique_ptr<Table> owned_;
+  Table* gpu_;
   GpuRunner runner_;
+  cudaStream_t stream_;
+  GpuAllocator* allocator_;
+  cudaStream_t owned_stream_;
 };
 
 }  // namespace
@@ -266,7 +285,24 @@ std::unique_ptr<StagedGpuTable> NewStagedGpuTable(const TableOptions& options, S
     (void)cudaStreamDestroy(stream);
     return nullptr;
   }
-  return std::make_unique<StagedTable>(std::move(gpu), stream);
+  Table* table = gpu.get();
+  return std::make_unique<StagedTable>(table, GpuRunner(stream), CudaAllocator(), std::move(gpu),
+                                       stream);
+}
+
+std::unique_ptr<StagedGpuTable> NewStagedGpuView(Table& gpu_table, const Runner& gpu_runner,
+                                                 GpuAllocator* allocator, Status* status) {
+  const GpuRunner* runner = dynamic_cast<const GpuRunner*>(&gpu_runner);
+  if (runner == nullptr) {
+    *status = InvalidArgument("a staged GPU view needs a GpuRunner (cc/core/gpu/gpu_table.h)");
+    return nullptr;
+  }
+  if (gpu_table.options().key_type == KeyType::kString) {
+    *status = InvalidArgument("a staged GPU view needs a GPU table; string-keyed tables are CPU");
+    return nullptr;
+  }
+  *status = Status::Ok();
+  return std::make_unique<StagedTable>(&gpu_table, *runner, allocator, nullptr, nullptr);
 }
 
 }  // namespace dynemb

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "cc/core/gpu/allocator.h"
 #include "cc/core/table.h"
 
 namespace dynemb {
@@ -30,6 +31,14 @@ class StagedGpuTable : public Table {
 // Returns nullptr and sets *status when the options are invalid or CUDA fails
 // (no device, out of memory, ...).
 std::unique_ptr<StagedGpuTable> NewStagedGpuTable(const TableOptions& options, Status* status);
+
+// A staged view of an existing GPU table (NewGpuTable): host batches in and
+// out, staged through device buffers from `allocator`, run on `gpu_runner`
+// (a GpuRunner, copied with its scratch). `gpu_table` and `allocator` are not
+// owned and must outlive the view. Inside TF this is how a table file
+// (LoadTable reads host chunks) gets into a GPU table.
+std::unique_ptr<StagedGpuTable> NewStagedGpuView(Table& gpu_table, const Runner& gpu_runner,
+                                                 GpuAllocator* allocator, Status* status);
 
 // Whether a CUDA device can be used by this build; if not, *reason says why.
 bool GpuAvailable(std::string* reason);
