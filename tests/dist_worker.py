@@ -386,6 +386,10 @@ def pss_custom_loop(args):
     import tensorflow as tf
 
     coordinator, model, step = _pss_regression(args)
+    # The shared key is stored before the workers start: bp_v2 adds every step's delta
+    # to a stored key, but of two concurrent first writes of a key no one stored yet
+    # (both looked it up as missing) only one inserts (accum semantics, docs/scaling.md).
+    model.counter.upsert(tf.constant([SHARED_KEY], tf.int64), tf.zeros([1, 2]))
 
     initial = model.eval_loss()
     scheduled = 0
