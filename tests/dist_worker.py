@@ -97,6 +97,10 @@ class TF1Model:
             all_target = tf.constant(targets(np.arange(NUM_KEYS)))
             self.eval_loss = tf.reduce_mean(tf.reduce_sum(tf.square(all_pred - all_target), 1))
             self.state = state_tensors(self.emb, self.counter)
+            # Stores the shared key before any task trains (see tf1_train).
+            self.store_counter = self.counter.upsert(
+                tf.constant([SHARED_KEY], tf.int64), tf.zeros([1, 2])
+            )
 
 
 def state_tensors(emb, counter):
@@ -164,8 +168,17 @@ def tf1_train(args):
         config=_session_config(job, index),
         log_step_count_steps=0,
     ) as sess:
+        # The chief measures the initial loss and stores the shared key before any
+        # task trains: a worker's session may open before the chief's first run, and
+        # bp_v2 counts every delta to a stored key, but of concurrent first writes of
+        # a new key only one (accum semantics, docs/scaling.md).
+        ready = os.path.join(workdir, "chief-ready")
         if is_chief:
             losses.append(float(sess.run(model.eval_loss)))
+            sess.run(model.store_counter)
+            _touch_atomically(ready)
+        else:
+            _wait_for_file(ready)
         for ids in batches(job, index, steps):
             sess.run(model.train, {model.ids: ids})
             done += 1
@@ -176,23 +189,31 @@ def tf1_train(args):
             # Everyone's updates are in before the final state and the checkpoint.
             for w in range(len(args["cluster"].get("worker", []))):
                 path = os.path.join(workdir, f"done-worker{w}")
-                deadline = time.time() + 120
-                while not os.path.exists(path) and time.time() < deadline:
-                    time.sleep(0.05)
+                _wait_for_file(path)
                 with open(path) as f:
                     result.setdefault("worker_steps", []).append(int(f.read()))
             losses.append(float(sess.run(model.eval_loss)))
             result["state"] = content(sess.run(model.state))
             result["global_step"] = int(sess.run(model.global_step))
         else:
-            with open(os.path.join(workdir, f"done-{job}{index}.tmp"), "w") as f:
-                f.write(str(done))
-            os.rename(
-                os.path.join(workdir, f"done-{job}{index}.tmp"),
-                os.path.join(workdir, f"done-{job}{index}"),
-            )
+            _touch_atomically(os.path.join(workdir, f"done-{job}{index}"), str(done))
     result["eval_losses"] = losses
     return result
+
+
+def _touch_atomically(path, text=""):
+    """Writes `path` so that a reader sees it whole or not at all."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
+def _wait_for_file(path, timeout=120):
+    """Waits until another task of the cluster wrote `path` (a timeout leaves the
+    caller's open() to fail with the file's name)."""
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.05)
 
 
 def tf1_failover(args):
