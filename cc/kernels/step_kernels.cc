@@ -14,7 +14,6 @@ namespace dynemb {
 namespace {
 
 using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
