@@ -184,6 +184,13 @@ inline Status InvalidArgument(std::string msg) {
   return Status(StatusCode::kInvalidArgument, std::move(msg));
 }
 
+// The argument checks every Table implementation makes on a batch call: the
+// batch size n in [0, max_rows] (an implementation's row-index limit, which
+// the message calls `limit`, e.g. "[0, 2^32)"), and `keys` and `data` (the
+// other array, named `what` in the message) not null.
+Status CheckBatchArgs(const void* keys, int64_t n, const void* data, const char* what,
+                      int64_t max_rows, const char* limit);
+
 #define DYNEMB_RETURN_IF_ERROR(expr)         \
   do {                                       \
     ::dynemb::Status _dynemb_status = (expr); \

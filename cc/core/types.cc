@@ -77,6 +77,18 @@ bool ParseEvictStrategy(std::string_view name, EvictStrategy* strategy) {
   return false;
 }
 
+Status CheckBatchArgs(const void* keys, int64_t n, const void* data, const char* what,
+                      int64_t max_rows, const char* limit) {
+  if (n < 0 || n > max_rows) {
+    return InvalidArgument(std::string("batch size must be in ") + limit + ", got " +
+                           std::to_string(n));
+  }
+  if (keys == nullptr || data == nullptr) {
+    return InvalidArgument(std::string("keys and ") + what + " must not be null");
+  }
+  return Status::Ok();
+}
+
 Status TableOptions::Validate() const {
   if (dim < 1) {
     return InvalidArgument("dim must be >= 1, got " + std::to_string(dim));

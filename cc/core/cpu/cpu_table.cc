@@ -660,14 +660,9 @@ class CpuTable final : public Table {
     return slots;
   }
 
+  // Batch positions are uint32 in the shard plan.
   Status CheckBatch(const void* keys, int64_t n, const void* data, const char* what) const {
-    if (n < 0 || n > int64_t{0xffffffff}) {
-      return InvalidArgument("batch size must be in [0, 2^32), got " + std::to_string(n));
-    }
-    if (keys == nullptr || data == nullptr) {
-      return InvalidArgument(std::string("keys and ") + what + " must not be null");
-    }
-    return Status::Ok();
+    return CheckBatchArgs(keys, n, data, what, int64_t{0xffffffff}, "[0, 2^32)");
   }
 
   // Advances the clock by one, saturating: a clock restored at the top of the

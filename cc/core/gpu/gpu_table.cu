@@ -393,14 +393,7 @@ class GpuTable final : public Table {
 
   // ------------------------------------------------------------------ checks
   Status CheckBatch(const void* keys, int64_t n, const void* data, const char* what) const {
-    if (n < 0 || n > int64_t{0x7fffffff}) {
-      return InvalidArgument("batch size must be in [0, 2^31) on the GPU, got " +
-                             std::to_string(n));
-    }
-    if (keys == nullptr || data == nullptr) {
-      return InvalidArgument(std::string("keys and ") + what + " must not be null");
-    }
-    return Status::Ok();
+    return CheckBatchArgs(keys, n, data, what, int64_t{0x7fffffff}, "[0, 2^31) on the GPU");
   }
 
   static Status GpuRunnerOf(const Runner& runner, const GpuRunner** out) {
