@@ -4,18 +4,20 @@
         [--impls ours,tfra] [--out benchmarks/results/train_state_tf<version>.json]
 
 The state of an Adam-trained embedding of `--keys` keys: the parameter and Adam's two
-slots (`m`, `v`). Both libraries keep each slot in a dynamic-embedding variable of the
-same class and table as the parameter (ours: `de.Variable`s made by
-`de.DynamicEmbeddingOptimizer`'s slot store; TFRA: `de.Variable`s made by its
-`create_slots`), so the state is built here as three variables of that class, each
-holding the same keys: `de.Variable(dim=16)` for ours, `tfra.dynamic_embedding.get_variable`
-(a `CuckooHashTable` on CPU) for TFRA. Every measurement runs in a fresh child process.
+slots (`m`, `v`), in each library's own layout, every variable holding the same keys.
+Ours: the parameter `de.Variable(dim=16)` and the slot state `de.DynamicEmbeddingOptimizer`
+makes for it (`tensorflow_dynemb/slots.py`: one `de.Variable` of dim 32 holding `[m | v]`
+per key, checkpointed without scores). TFRA keeps each slot in a variable of the
+parameter's class and table (made by its `create_slots`), so its state is three
+`tfra.dynamic_embedding.get_variable`s (a `CuckooHashTable` on CPU). Every measurement
+runs in a fresh child process.
 
-- memory: bytes per key = (VmRSS after upserting the keys into the three variables -
+- memory: bytes per key = (VmRSS after upserting the keys into the variables -
   VmRSS before) / keys, beside the raw payload (8-byte key + 3 x dim float32 = 200 B at
   dim 16). Keys and values are created before the "before" reading.
-- checkpoint: `tf.train.Checkpoint(params=..., m=..., v=...).write(path)` of the filled
-  variables, then `.read(path)` into three empty variables of the same names in a
+- checkpoint: `tf.train.Checkpoint(params=..., slots=...)` (TFRA: `params=..., m=...,
+  v=...`) `.write(path)` of the filled variables, then `.read(path)` into empty
+  variables of the same names in a
   fresh process (timed until their `size()` answers);
   keys/s = keys / seconds (each key carries its three rows), file size = the bytes of
   every file written, beside the payload. The restored sizes are checked.
@@ -36,7 +38,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import loadavg, median, print_result, spawn_child, tfra_available, write_record  # noqa: E402
 
-SLOTS = ("params", "m", "v")
 
 
 def _rss_bytes():
@@ -48,18 +49,22 @@ def _rss_bytes():
 
 
 def _make_vars(impl, dim, tag):
+    """`{checkpoint name: variable}` of the training state, in the library's layout."""
     import tensorflow as tf
 
     if impl == "ours":
         import tensorflow_dynemb as de
 
-        return [de.Variable(tf.int64, tf.float32, dim=dim, name=f"{tag}_{s}") for s in SLOTS]
+        params = de.Variable(tf.int64, tf.float32, dim=dim, name=f"{tag}_params")
+        optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
+        # The slot state the first training step would create: Adam's m and v side by side.
+        return {"params": params, "slots": optimizer._dynemb.state_of(params)}
     import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
 
-    return [
-        tfra_de.get_variable(f"{tag}_{s}", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim)
-        for s in SLOTS
-    ]
+    return {
+        s: tfra_de.get_variable(f"{tag}_{s}", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim)
+        for s in ("params", "m", "v")
+    }
 
 
 def run_child(args):
@@ -71,8 +76,8 @@ def run_child(args):
         variables = _make_vars(args.child, dim, "state")  # the names the checkpoint has
         rss0 = _rss_bytes()
         t0 = time.perf_counter()
-        tf.train.Checkpoint(**dict(zip(SLOTS, variables))).read(os.path.join(args.ckpt_dir, "ckpt"))
-        sizes = [int(var.size()) for var in variables]  # waits for the restore
+        tf.train.Checkpoint(**variables).read(os.path.join(args.ckpt_dir, "ckpt"))
+        sizes = [int(var.size()) for var in variables.values()]  # waits for the restore
         restore_s = time.perf_counter() - t0
         print_result({
             "impl": args.child, "mode": "restore", "keys": n, "dim": dim, "tf": tf.__version__,
@@ -83,26 +88,27 @@ def run_child(args):
     keys = tf.constant(rng.integers(1, 2 ** 62, size=n, dtype=np.int64))
     values = tf.constant(rng.standard_normal((batch, dim), dtype=np.float32))
     variables = _make_vars(args.child, dim, "state")
+    # Rows of each variable's width (ours: the slot state is 2 x dim wide).
+    rows = {name: tf.tile(values, [1, var.dim // dim]) for name, var in variables.items()}
     # Touch every variable once (op library, kernels) before the baseline.
-    for var in variables:
-        var.upsert(keys[:1], values[:1])
+    for name, var in variables.items():
+        var.upsert(keys[:1], rows[name][:1])
     result = {"impl": args.child, "mode": args.mode, "keys": n, "dim": dim, "tf": tf.__version__}
     rss0 = _rss_bytes()
     t0 = time.perf_counter()
     for start in range(0, n, batch):
         k = keys[start : start + batch]
-        v = values[: tf.shape(k)[0]]
-        for var in variables:
-            var.upsert(k, v)
+        for name, var in variables.items():
+            var.upsert(k, rows[name][: tf.shape(k)[0]])
     fill_s = time.perf_counter() - t0
     rss1 = _rss_bytes()
-    sizes = [int(var.size()) for var in variables]
+    sizes = [int(var.size()) for var in variables.values()]
     result.update(fill_seconds=fill_s, sizes=sizes)
     if args.mode == "memory":
         result.update(rss_before=rss0, rss_after=rss1, bytes_per_key=(rss1 - rss0) / sizes[0])
     else:
         # Written into --ckpt-dir, which the parent hands to a fresh "restore" child.
-        ckpt = tf.train.Checkpoint(**dict(zip(SLOTS, variables)))
+        ckpt = tf.train.Checkpoint(**variables)
         path = os.path.join(args.ckpt_dir, "ckpt")
         t0 = time.perf_counter()
         ckpt.write(path)

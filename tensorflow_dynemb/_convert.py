@@ -124,3 +124,25 @@ def check_int(value: Any, arg: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"`{arg}` must be >= {minimum}, got {value}.")
     return int(value)
+
+
+def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
+    """`values` converted to `dtype` and checked to be `keys.shape + [dim]`, as `[n, dim]`.
+
+    A shape known to differ is an error before any op runs (`InvalidArgumentError`
+    eagerly, `ValueError` while building a graph); a shape known only at run time is
+    checked by an op the result depends on. The message starts with "Expected shape".
+    """
+    values = convert(values, dtype, arg)
+    expected = keys.shape.concatenate([dim])
+    message = f"Expected shape {expected} (keys.shape + [dim]) for `{arg}`, got {values.shape}"
+    if not values.shape.is_compatible_with(expected):
+        if tf.executing_eagerly():
+            raise tf.errors.InvalidArgumentError(None, None, message)
+        raise ValueError(message)
+    if not values.shape.is_fully_defined() or not keys.shape.is_fully_defined():
+        want = tf.concat([tf.shape(keys), [dim]], 0)
+        check = tf.debugging.assert_equal(tf.shape(values), want, message=message)
+        with tf.control_dependencies([check]):
+            values = tf.identity(values)
+    return tf.reshape(values, [-1, dim])

@@ -11,9 +11,10 @@ and splits every `apply_gradients` call in two:
   from the hash tables, updated by the explicit rule for the inner optimizer
   (`optimizer_rules.py`), and written back (`upsert`, or `accum` with `bp_v2`).
 
-Slots (Adam's `m`/`v`, Adagrad's accumulator, ...) are `de.Variable`s with the
-parameter's devices, partitioner and table creator, created once per trained variable and
-tracked by the wrapper, so checkpoints of the optimizer hold them.
+Slots (Adam's `m`/`v`, Adagrad's accumulator, ...) live side by side in the rows of one
+companion `de.Variable` per trained variable (its slot state: the parameter's devices,
+partitioner and table creator; `slots.py`), created once and tracked by the wrapper, so
+checkpoints of the optimizer hold them; users see each slot as a `SlotView`.
 
 Gradient clipping (`clipnorm`, `global_clipnorm`, `clipvalue` of the inner Keras
 optimizer) is applied once over all gradients, dense and sparse (summed per key) alike,
@@ -32,64 +33,16 @@ its family's base class so that the frameworks accept it (`model.compile`,
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tensorflow_dynemb import step_ops
-from tensorflow_dynemb.checkpoint import Untracked
 from tensorflow_dynemb.optimizer_rules import SparseRule, get_rule
+from tensorflow_dynemb.slots import SlotStore, SlotView, join_state, split_state
 from tensorflow_dynemb.trainable import TrainableRows, rows_of
 
 __all__ = ["DynamicEmbeddingOptimizer", "SparseApplier"]
-
-
-# ---------------------------------------------------------------------------------------
-# Slots
-# ---------------------------------------------------------------------------------------
-
-
-class SlotStore(tf.Module):
-    """Holds the slot `de.Variable`s as attributes, so that checkpoints of the optimizer
-    (which tracks this module) save and restore them, by a name stable across processes:
-    `<variable name>-<slot name>`."""
-
-    def __init__(self):
-        super().__init__(name="dynamic_embedding_slots")
-        # id(params) -> (params, {slot name -> slot de.Variable}); in a plain holder,
-        # because checkpoints track the slots by attribute name, not through this index.
-        self._index = Untracked(by_params={})
-
-    def slots_of(self, params) -> Dict[str, Any]:
-        entry = self._index.by_params.get(id(params))
-        return entry[1] if entry is not None and entry[0] is params else {}
-
-    def create(self, params, specs, optimizer_name: str) -> Dict[str, Any]:
-        slots = {}
-        with tf.init_scope():  # long-lived tables even when first traced in a tf.function
-            for spec in specs:
-                slot = params.companion(
-                    f"{optimizer_name}/{spec.name}",
-                    value_dtype=params.value_dtype,
-                    dim=params.dim,
-                    initializer=spec.initial,
-                    # Slots of a bounded variable are unbounded: they lose exactly the
-                    # keys the variable evicts (SparseApplier removes them), never others.
-                    kv_creator=None if params.bounded else params.kv_creator,
-                )
-                params._register_slot(slot)
-                setattr(self, self._attribute_name(params, spec.name), slot)
-                slots[spec.name] = slot
-        self._index.by_params[id(params)] = (params, slots)
-        return slots
-
-    def _attribute_name(self, params, slot_name: str) -> str:
-        base = re.sub(r"\W", "_", f"{params.name}-{slot_name}")
-        name, i = base, 1
-        while name in self.__dict__:  # two variables of one name: number them in order
-            name, i = f"{base}_{i}", i + 1
-        return name
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,12 +73,18 @@ class SparseApplier:
 
     # -- slots ------------------------------------------------------------------------------
 
-    def slots_of(self, params) -> Dict[str, Any]:
-        """`{slot name: de.Variable}` of `params`, created on first use."""
+    def slots_of(self, params) -> Dict[str, SlotView]:
+        """`{slot name: SlotView}` of `params`, created on first use."""
         slots = self.slot_store.slots_of(params)
         if not slots and self.rule.slots:
             slots = self.slot_store.create(params, self.rule.slots, self.name)
         return slots
+
+    def state_of(self, params):
+        """The slot state `de.Variable` of `params` (every slot's columns side by side,
+        see slots.py), created on first use; None for rules without slots."""
+        self.slots_of(params)
+        return self.slot_store.state_of(params)
 
     def create_slots(self, variables: Sequence[Any]) -> None:
         """Creates the slots of every de.Variable behind `variables` (trainable views)."""
@@ -210,8 +169,10 @@ class SparseApplier:
             admitted, counting = params._admit.admit(update.keys, update.counts, update.exists)
             writes += counting
             update = _masked(update, admitted)
-        slots = self.slots_of(params)
-        slot_rows = {name: slot.lookup(update.keys) for name, slot in slots.items()}
+        # One lookup and one upsert of the slot state serve every slot of the rule.
+        state = self.state_of(params)
+        names = [spec.name for spec in self.rule.slots]
+        slot_rows = split_state(state.lookup(update.keys), names) if state is not None else {}
         grad = tf.cast(update.grad, update.old_rows.dtype)
         new_rows, new_slot_rows = self.rule.apply(update.old_rows, grad, slot_rows, values)
         bp_v2 = params.bp_v2 if self.bp_v2 is None else self.bp_v2
@@ -228,7 +189,8 @@ class SparseApplier:
             evicted = params.insert_and_evict(update.keys, new_rows)[0]
         else:
             writes.append(params.upsert(update.keys, new_rows))
-        writes += [slots[name].upsert(update.keys, new_slot_rows[name]) for name in slots]
+        if state is not None:
+            writes.append(state.upsert(update.keys, join_state(new_slot_rows, names)))
         policy = params.restrict_policy
         if policy is not None:
             writes.append(policy.apply_update(update.keys, local_step))
@@ -395,7 +357,7 @@ class KerasWrapperMixin:
         return variables() if callable(variables) else variables
 
     def get_slot_variables(self, params) -> List[Any]:
-        """The slot `de.Variable`s of `params` (empty before its first update)."""
+        """The slots (`SlotView`s) of `params` (empty before its first update)."""
         return list(self._slot_store.slots_of(params).values())
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
@@ -566,7 +528,7 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
 
     def get_slot_names(self):
         """None: the dense variables' slots belong to (and are saved with) the inner
-        optimizer, where `get_slot` finds them; embedding slots are `de.Variable`s
+        optimizer, where `get_slot` finds them; embedding slots are `SlotView`s
         (`de.Variable.get_slot_variables`)."""
         return []
 

@@ -30,6 +30,7 @@ from tensorflow_dynemb._convert import (
     as_dtype,
     check_int,
     convert,
+    flat_rows,
 )
 from tensorflow_dynemb.checkpoint import (
     CKPT_KEYS,
@@ -213,9 +214,12 @@ class Variable(tf.Module):
             table._set_owner(self)
         # Trainable views by lookup name (see trainable.py); not part of checkpoints.
         self._trainables: Dict[str, TrainableRows] = {}
-        # Optimizer slots of this variable (they must lose the keys it loses); a plain
-        # holder, because the optimizers' checkpoints, not this one, save the slots.
-        self._slots = Untracked(variables=[])
+        # Optimizer slots of this variable: the slot state variables (they must lose
+        # the keys it loses) and the views users see (slots.py); a plain holder,
+        # because the optimizers' checkpoints, not this one, save the slots.
+        self._slots = Untracked(states=[], views=[])
+        # Whether checkpoints hold the entries' scores (slot states' scores mean nothing).
+        self._checkpoint_scores = True
         self._restrict_policy = restrict_policy(self) if restrict_policy is not None else None
         if admit_policy is not None and not hasattr(admit_policy, "bind"):
             raise TypeError(
@@ -300,19 +304,7 @@ class Variable(tf.Module):
 
     def _flat_rows(self, keys: tf.Tensor, values: TensorLike, arg: str) -> tf.Tensor:
         """`values` converted and checked to be `keys.shape + [dim]`, as `[n, dim]`."""
-        values = convert(values, self._value_dtype, arg)
-        expected = keys.shape.concatenate([self._dim])
-        message = f"Expected shape {expected} (keys.shape + [dim]) for `{arg}`, got {values.shape}"
-        if not values.shape.is_compatible_with(expected):
-            if tf.executing_eagerly():
-                raise tf.errors.InvalidArgumentError(None, None, message)
-            raise ValueError(message)
-        if not values.shape.is_fully_defined() or not keys.shape.is_fully_defined():
-            want = tf.concat([tf.shape(keys), [self._dim]], 0)
-            check = tf.debugging.assert_equal(tf.shape(values), want, message=message)
-            with tf.control_dependencies([check]):
-                values = tf.identity(values)
-        return tf.reshape(values, [-1, self._dim])
+        return flat_rows(keys, values, self._dim, self._value_dtype, arg)
 
     def _shard_ids(self, flat_keys: tf.Tensor) -> tf.Tensor:
         ids = self._partition_fn(flat_keys, self.shard_num)
@@ -519,7 +511,7 @@ class Variable(tf.Module):
         restriction or an eviction must do). Returns the remove operations (empty
         when executing eagerly)."""
         keys = self._flat_keys(keys)
-        ops = [self.remove(keys)] + [slot.remove(keys) for slot in self._slots.variables]
+        ops = [self.remove(keys)] + [state.remove(keys) for state in self._slots.states]
         return [op for op in ops if op is not None]
 
     def companion(
@@ -529,12 +521,14 @@ class Variable(tf.Module):
         dim: int,
         initializer: Any,
         kv_creator: Optional[HashTableCreator] = None,
+        checkpoint_scores: bool = True,
     ) -> "Variable":
         """A non-trainable variable keyed and sharded like this one (same key dtype,
         devices, partitioner and checkpointing), named `<name>/<suffix>`: what optimizer
         slots and policy state are made of, so that a key's companion rows live on the
-        key's shard."""
-        return Variable(
+        key's shard. `checkpoint_scores=False`: its checkpoints leave the scores out
+        (a restore gives the keys fresh ones)."""
+        companion = Variable(
             key_dtype=self._key_dtype,
             value_dtype=value_dtype,
             dim=dim,
@@ -546,19 +540,24 @@ class Variable(tf.Module):
             checkpoint=self._checkpoint,
             kv_creator=kv_creator,
         )
+        companion._checkpoint_scores = bool(checkpoint_scores)
+        return companion
 
     @property
-    def slot_variables(self) -> List["Variable"]:
-        """The slots every `de.DynamicEmbeddingOptimizer` keeps for this variable."""
-        return list(self._slots.variables)
+    def slot_variables(self) -> List[Any]:
+        """The slots (`SlotView`s, e.g. Adam's `m` and `v`) every
+        `de.DynamicEmbeddingOptimizer` keeps for this variable."""
+        return list(self._slots.views)
 
-    def _register_slot(self, slot: "Variable") -> None:
-        self._slots.variables.append(slot)
-        # A slot is training state: an export for serving that reaches its shard tables
-        # (Keras 3's `model.export` collects every table under the model, the
-        # optimizer's included) must not pull in its content. Checkpoints and
-        # `tf.saved_model.save` of an object that holds the optimizer still save it.
-        for table in slot._tables:
+    def _register_slots(self, state: "Variable", views: Sequence[Any]) -> None:
+        """Records an optimizer's slot state of this variable and its slot views."""
+        self._slots.states.append(state)
+        self._slots.views.extend(views)
+        # Slots are training state: an export for serving that reaches their shard
+        # tables (Keras 3's `model.export` collects every table under the model, the
+        # optimizer's included) must not pull in their content. Checkpoints and
+        # `tf.saved_model.save` of an object that holds the optimizer still save them.
+        for table in state._tables:
             table._set_owner(None)
 
     def clear(self, name: Optional[str] = None):
@@ -691,10 +690,11 @@ class Variable(tf.Module):
         """The trainable views by name (`{name: tf.Variable}`)."""
         return {name: rows.variable for name, rows in self._trainables.items()}
 
-    def get_slot_variables(self, optimizer) -> List["Variable"]:
-        """The optimizer slots (`de.Variable`s, e.g. Adam's `m` and `v`) that the
-        `de.DynamicEmbeddingOptimizer` `optimizer` keeps for this variable; empty for any
-        other optimizer or before the first training step."""
+    def get_slot_variables(self, optimizer) -> List[Any]:
+        """The optimizer slots (`SlotView`s of this variable's dim, e.g. Adam's `m` and
+        `v`; see `tensorflow_dynemb.slots`) that the `de.DynamicEmbeddingOptimizer`
+        `optimizer` keeps for this variable; empty for any other optimizer or before the
+        first training step."""
         applier = getattr(optimizer, "_dynemb", None)
         if applier is None:
             return []
@@ -801,6 +801,8 @@ class Variable(tf.Module):
             keys, values, scores = self.export_with_scores(
                 name=f"{self._unique_name}_checkpoint_export"
             )
+        if not self._checkpoint_scores:
+            return {CKPT_KEYS: keys, CKPT_VALUES: values}
         return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
 
     def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
@@ -808,7 +810,7 @@ class Variable(tf.Module):
             return None
         keys = restored_tensors[CKPT_KEYS]
         values = restored_tensors[CKPT_VALUES]
-        scores = restored_tensors[CKPT_SCORES]
+        scores = restored_tensors.get(CKPT_SCORES)  # absent: the table scores the keys
         message = (
             f"The checkpoint of de.Variable {self.name!r} holds rows of another dim than "
             f"the variable's dim {self._dim}"
@@ -820,7 +822,10 @@ class Variable(tf.Module):
             check = tf.debugging.assert_equal(tf.shape(values)[-1], self._dim, message=message)
             with tf.control_dependencies([check]):
                 values = tf.identity(values)
-        shards, _ = self._route(keys, values, scores)
+        if scores is None:
+            shards = [(k, v, None) for k, v in self._route(keys, values)[0]]
+        else:
+            shards, _ = self._route(keys, values, scores)
         return self._group(
             [
                 table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore")

@@ -57,7 +57,9 @@ def _arrays(variable) -> Dict[str, np.ndarray]:
     values = tensors[CKPT_VALUES]
     if values.dtype == tf.bfloat16:
         values = tf.cast(values, tf.float32)
-    arrays = {"values": values.numpy(), "scores": tensors[CKPT_SCORES].numpy()}
+    arrays = {"values": values.numpy()}
+    if CKPT_SCORES in tensors:  # slot states save no scores (slots.py)
+        arrays["scores"] = tensors[CKPT_SCORES].numpy()
     if variable.key_dtype == tf.string:
         arrays["key_bytes"] = np.frombuffer(b"".join(keys.tolist()), np.uint8)
         arrays["key_lengths"] = np.array([len(k) for k in keys.tolist()], np.int64)
@@ -95,13 +97,13 @@ def _keys(arrays: Dict[str, np.ndarray], key_dtype: tf.dtypes.DType) -> tf.Tenso
 
 def restore_table(variable, arrays: Dict[str, np.ndarray]) -> None:
     """Replaces the content of `variable` with the arrays `read_tables` returned for it."""
-    variable._restore_from_tensors(
-        {
-            CKPT_KEYS: _keys(arrays, variable.key_dtype),
-            CKPT_VALUES: tf.cast(arrays["values"], variable.value_dtype),
-            CKPT_SCORES: tf.constant(arrays["scores"], tf.int64),
-        }
-    )
+    tensors = {
+        CKPT_KEYS: _keys(arrays, variable.key_dtype),
+        CKPT_VALUES: tf.cast(arrays["values"], variable.value_dtype),
+    }
+    if "scores" in arrays:
+        tensors[CKPT_SCORES] = tf.constant(arrays["scores"], tf.int64)
+    variable._restore_from_tensors(tensors)
 
 
 def numbered_entries(store) -> Dict[str, Any]:
