@@ -131,9 +131,10 @@ class SlotTables(Layer):
         self._state = Untracked(optimizer=weakref.ref(optimizer), pending={})
 
     def _slots(self) -> Dict[str, Any]:
-        """`{name: slot de.Variable}`, named as in TF checkpoints (`SlotStore`'s
-        attribute names, `<variable name>-<slot name>`): unlike the slots' own names,
-        they do not depend on the optimizer's name, which Keras makes unique per process.
+        """`{name: slot state de.Variable}`, named as in TF checkpoints (`SlotStore`'s
+        attribute names, `<variable name>-<slot names>`, e.g. `emb-m_v`): unlike the
+        states' own names, they do not depend on the optimizer's name, which Keras makes
+        unique per process.
         """
         from tensorflow_dynemb.variable import Variable
 
