@@ -7,9 +7,13 @@ and splits every `apply_gradients` call in two:
 - the trainable views of `de.Variable`s (`TrainableRows.variable`, see `trainable.py`)
   are updated by `SparseApplier`: their gradient rows are mapped back to keys and summed
   per key (duplicate ids in a batch and several lookups of one variable add up), then
-  the rows of only those keys, and the matching rows of the optimizer slots, are read
-  from the hash tables, updated by the explicit rule for the inner optimizer
-  (`optimizer_rules.py`), and written back (`upsert`, or `accum` with `bp_v2`).
+  the rows of only those keys, and the matching rows of the optimizer slots, are
+  updated by the explicit rule for the inner optimizer (`optimizer_rules.py`) and
+  written back (`upsert`, or `accum` with `bp_v2`). For the common rules (Adam, AdamW,
+  Adagrad, SGD with momentum; `SparseRule.fused`) one op per shard reads, updates and
+  writes the slot rows in place and returns the new rows (`DynembTableApplyRule`, the
+  same arithmetic bit for bit); otherwise the slot rows are looked up, updated by TF
+  ops and upserted.
 
 Slots (Adam's `m`/`v`, Adagrad's accumulator, ...) live side by side in the rows of one
 companion `de.Variable` per trained variable (its slot state: the parameter's devices,
@@ -38,7 +42,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb import step_ops
-from tensorflow_dynemb.optimizer_rules import SparseRule, get_rule
+from tensorflow_dynemb.optimizer_rules import FusedStep, SparseRule, get_rule
 from tensorflow_dynemb.slots import SlotStore, SlotView, join_state, split_state
 from tensorflow_dynemb.trainable import TrainableRows, rows_of
 
@@ -169,12 +173,18 @@ class SparseApplier:
             admitted, counting = params._admit.admit(update.keys, update.counts, update.exists)
             writes += counting
             update = _masked(update, admitted)
-        # One lookup and one upsert of the slot state serve every slot of the rule.
         state = self.state_of(params)
-        names = [spec.name for spec in self.rule.slots]
-        slot_rows = split_state(state.lookup(update.keys), names) if state is not None else {}
         grad = tf.cast(update.grad, update.old_rows.dtype)
-        new_rows, new_slot_rows = self.rule.apply(update.old_rows, grad, slot_rows, values)
+        fused = self._fused_step(state, update.old_rows.dtype, values)
+        if fused is not None:
+            # One op per shard reads, updates and writes the slot state rows and
+            # returns the new parameter rows (the common case).
+            new_rows = state._apply_rule(update.keys, update.old_rows, grad, fused)
+        else:
+            # One lookup and one upsert of the slot state serve every slot of the rule.
+            names = [spec.name for spec in self.rule.slots]
+            slot_rows = split_state(state.lookup(update.keys), names) if state is not None else {}
+            new_rows, new_slot_rows = self.rule.apply(update.old_rows, grad, slot_rows, values)
         bp_v2 = params.bp_v2 if self.bp_v2 is None else self.bp_v2
         evicted = None
         # bp_v2 adds this step's delta, so that concurrent writers' deltas all count.
@@ -189,7 +199,7 @@ class SparseApplier:
             evicted = params.insert_and_evict(update.keys, new_rows)[0]
         else:
             writes.append(params.upsert(update.keys, new_rows))
-        if state is not None:
+        if state is not None and fused is None:
             writes.append(state.upsert(update.keys, join_state(new_slot_rows, names)))
         policy = params.restrict_policy
         if policy is not None:
@@ -202,6 +212,14 @@ class SparseApplier:
                 if policy is not None:
                     writes.append(policy.status.remove(evicted))
         return writes
+
+    def _fused_step(self, state, dtype, values) -> Optional[FusedStep]:
+        """The rule's step as one op on the slot state (`Variable._apply_rule`), where
+        the rule has a fused form for `dtype` and the state's tables can apply it;
+        None otherwise (then: lookup, `rule.apply`, upsert)."""
+        if state is None or not state._can_apply_rules():
+            return None
+        return self.rule.fused(values, dtype)
 
     def step(self, grads_and_vars, local_step: tf.Tensor, clip) -> Tuple[List[Tuple[Any, Any]], List[Any]]:
         """The shared part of `apply_gradients`: clips every gradient with `clip`

@@ -19,6 +19,11 @@ rows looked up in a training step::
   wrapper's job), and their slot rows.  A slot row never written starts from
   ``SlotSpec.initial``.
 * ``apply`` returns the new rows and a dict with the new rows of every slot.
+* ``rule.fused(values, dtype)`` is the same step as the slot-state table applies it
+  in one op (`FusedStep`, for `DynembTableApplyRule`), or None for rules and options
+  that op does not cover.  Its coefficients come from the same helpers as ``apply``'s
+  formulas, and the op repeats the elementwise part operation for operation
+  (cc/core/update_rules.h), so both give the same bits.
 
 ``apply`` of a rule computes, for each row, exactly what the optimizer's own
 dense update would compute for that row (same formula, same order of operations,
@@ -55,11 +60,11 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from typing import Dict, NamedTuple, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
-__all__ = ["SlotSpec", "SparseRule", "get_rule"]
+__all__ = ["FusedStep", "SlotSpec", "SparseRule", "get_rule"]
 
 
 class SlotSpec(NamedTuple):
@@ -67,6 +72,15 @@ class SlotSpec(NamedTuple):
 
     name: str
     initial: float
+
+
+class FusedStep(NamedTuple):
+    """A rule's step as the slot-state table applies it in one op
+    (`DynembTableApplyRule`; formulas in cc/core/update_rules.h)."""
+
+    rule: str  # the op's `rule` attr
+    coefficients: Tuple[tf.Tensor, ...]  # scalars of the rows' dtype, in the op's order
+    weight_decay: bool  # coefficients start with (weight_decay, lr)
 
 
 # --------------------------------------------------------------------------------------
@@ -226,6 +240,23 @@ class SparseRule:
         new_slots = {name: tf.cast(state[name], slots[name].dtype) for name in state}
         return tf.cast(var, rows.dtype), new_slots
 
+    def fused(
+        self, values: Dict[str, tf.Tensor], dtype, use_weight_decay: bool = True
+    ) -> Optional[FusedStep]:
+        """`apply`'s step for rows of `dtype` as the slot-state table applies it in one
+        op, or None where that op has no formula for this rule, its options or dtype
+        (float16/bfloat16 rows, amsgrad, RMSprop, ...): then use `apply`."""
+        if dtype not in (tf.float32, tf.float64):
+            return None
+        fused = self._fused(values, dtype)
+        if fused is None:
+            return None
+        rule, coefficients = fused
+        decay = self._decay_coefficients(values, dtype) if use_weight_decay else None
+        if decay is not None:
+            coefficients = (*decay, *coefficients)
+        return FusedStep(rule, tuple(tf.cast(c, dtype) for c in coefficients), decay is not None)
+
     # -- hooks for subclasses ----------------------------------------------------------
 
     def _learning_rate(self, step):
@@ -234,8 +265,20 @@ class SparseRule:
     def _extra_step_values(self, step) -> Dict[str, tf.Tensor]:
         return {}
 
+    def _decay_coefficients(self, values, dtype) -> Optional[Tuple[tf.Tensor, tf.Tensor]]:
+        """(weight_decay, lr) of a rule that decays rows first (`_weight_decay`), or None."""
+        return None
+
     def _weight_decay(self, var, values, dtype):
-        return var
+        decay = self._decay_coefficients(values, dtype)
+        if decay is None:
+            return var
+        weight_decay, lr = decay
+        return var - var * weight_decay * lr
+
+    def _fused(self, values, dtype) -> Optional[Tuple[str, Tuple[tf.Tensor, ...]]]:
+        """`(rule, coefficients)` of the fused op for this rule's `_update`, or None."""
+        return None
 
     def _update(self, var, grad, state, values, dtype):
         raise NotImplementedError
@@ -284,13 +327,13 @@ class _KerasRule(SparseRule):
             return tf.convert_to_tensor(lr(tf.cast(step - 1, tf.int64)))
         return tf.convert_to_tensor(_call_if_callable(lr))
 
-    def _weight_decay(self, var, values, dtype):
+    def _decay_coefficients(self, values, dtype):
         """Keras: ``variable.assign_sub(variable * wd * lr)`` before update_step."""
         weight_decay = self.optimizer.weight_decay
         if weight_decay is None:
-            return var
+            return None
         # `tf.cast(self.weight_decay, variable.dtype)`: float32-rounded for float64.
-        return var - var * _cast(weight_decay, dtype) * self._lr(values, dtype)
+        return _cast(weight_decay, dtype), self._lr(values, dtype)
 
 
 class _KerasSGD(_KerasRule):
@@ -310,6 +353,17 @@ class _KerasSGD(_KerasRule):
             return var - grad * lr, {}
         momentum = _cast(self.optimizer.momentum, dtype)  # Keras casts it
         return _momentum_step(var, grad, state["momentum"], momentum, lr, self.optimizer.nesterov)
+
+    def _fused(self, values, dtype):
+        if not self._use_momentum:
+            return None  # no slot: nothing to fuse
+        momentum = _cast(self.optimizer.momentum, dtype)
+        return _momentum_rule(self.optimizer.nesterov), (self._lr(values, dtype), momentum)
+
+
+def _momentum_rule(nesterov: bool) -> str:
+    """The fused rule of `_momentum_step`."""
+    return "keras_nesterov" if nesterov else "keras_momentum"
 
 
 def _momentum_step(var, grad, m, momentum, lr, nesterov: bool):
@@ -335,7 +389,8 @@ class _KerasAdam(_KerasRule):
             slots.append(SlotSpec("vhat", 0.0))
         super().__init__(optimizer, tuple(slots), **kwargs)
 
-    def _update(self, var, grad, state, values, dtype):
+    def _coefficients(self, values, dtype):
+        """(alpha, 1 - beta_1, 1 - beta_2, epsilon) of this step."""
         opt = self.optimizer
         lr = self._lr(values, dtype)
         t = self._step(values, dtype)
@@ -347,8 +402,18 @@ class _KerasAdam(_KerasRule):
             epsilon = opt.epsilon * tf.sqrt(1 - beta_2_power)
         else:
             epsilon = _mixed(opt.epsilon, dtype)
-        m = state["m"] + (grad - state["m"]) * _one_minus(opt.beta_1, dtype)
-        v = state["v"] + (tf.square(grad) - state["v"]) * _one_minus(opt.beta_2, dtype)
+        return alpha, _one_minus(opt.beta_1, dtype), _one_minus(opt.beta_2, dtype), epsilon
+
+    def _fused(self, values, dtype):
+        if self.optimizer.amsgrad:
+            return None
+        return "keras_adam", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
+        opt = self.optimizer
+        alpha, one_minus_beta_1, one_minus_beta_2, epsilon = self._coefficients(values, dtype)
+        m = state["m"] + (grad - state["m"]) * one_minus_beta_1
+        v = state["v"] + (tf.square(grad) - state["v"]) * one_minus_beta_2
         new_state = {"m": m, "v": v}
         if opt.amsgrad:
             v = tf.maximum(state["vhat"], v)
@@ -364,10 +429,12 @@ class _KerasAdagrad(_KerasRule):
         slots = (SlotSpec("accumulator", float(optimizer.initial_accumulator_value)),)
         super().__init__(optimizer, slots, **kwargs)
 
+    def _fused(self, values, dtype):
+        return "keras_adagrad", (self._lr(values, dtype), _mixed(self.optimizer.epsilon, dtype))
+
     def _update(self, var, grad, state, values, dtype):
-        lr = self._lr(values, dtype)
+        lr, epsilon = self._fused(values, dtype)[1]
         accumulator = state["accumulator"] + tf.square(grad)
-        epsilon = _mixed(self.optimizer.epsilon, dtype)
         var = var - (lr * grad) / tf.sqrt(accumulator + epsilon)
         return var, {"accumulator": accumulator}
 
@@ -590,15 +657,23 @@ def _kernel_rmsprop(var, grad, ms, mom, mg, lr, rho, momentum, epsilon):
     return var - mom, ms, mom, mg
 
 
-def _kernel_adam(var, grad, m, v, vhat, lr, beta_1, beta_2, beta_1_power, beta_2_power, epsilon):
+def _kernel_adam_coefficients(lr, beta_1, beta_2, beta_1_power, beta_2_power, epsilon):
+    """(lr_t, beta_1, 1 - beta_1, beta_2, 1 - beta_2, epsilon): the scalars of `_kernel_adam`
+    (and of the fused rule "adam_kernel")."""
+    lr_t = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+    return lr_t, beta_1, 1 - beta_1, beta_2, 1 - beta_2, epsilon
+
+
+def _kernel_adam(var, grad, m, v, vhat, coefficients):
     """Adam's sparse path (TF1 AdamOptimizer._apply_sparse_shared, legacy Keras Adam):
         lr_t = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
         m = m * beta_1 + g * (1 - beta_1);  v = v * beta_2 + g^2 * (1 - beta_2)
         vhat = max(vhat, v) (amsgrad, then used for v);  w -= lr_t * m / (sqrt(v) + eps)
+    `coefficients` from `_kernel_adam_coefficients`.
     """
-    lr_t = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-    m = m * beta_1 + grad * (1 - beta_1)
-    v = v * beta_2 + (grad * grad) * (1 - beta_2)
+    lr_t, beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon = coefficients
+    m = m * beta_1 + grad * one_minus_beta_1
+    v = v * beta_2 + (grad * grad) * one_minus_beta_2
     v_used = v
     if vhat is not None:
         vhat = tf.maximum(vhat, v)
@@ -652,6 +727,12 @@ class _LegacySGD(_LegacyRule):
         momentum = self._hyper("momentum", dtype)
         return _momentum_step(var, grad, state["momentum"], momentum, lr, self.optimizer.nesterov)
 
+    def _fused(self, values, dtype):
+        if not self.optimizer._momentum:
+            return None  # no slot: nothing to fuse
+        momentum = self._hyper("momentum", dtype)
+        return _momentum_rule(self.optimizer.nesterov), (self._lr(values, dtype), momentum)
+
 
 class _LegacyAdam(_LegacyRule):
     """legacy Adam / NonFusedAdam: `_kernel_adam` with float32 hyperparameters."""
@@ -662,14 +743,23 @@ class _LegacyAdam(_LegacyRule):
             slots.append(SlotSpec("vhat", 0.0))
         super().__init__(optimizer, tuple(slots))
 
-    def _update(self, var, grad, state, values, dtype):
+    def _coefficients(self, values, dtype):
         t = self._step(values, dtype)
         beta_1 = self._hyper("beta_1", dtype)
         beta_2 = self._hyper("beta_2", dtype)
-        var, m, v, vhat = _kernel_adam(
-            var, grad, state["m"], state["v"], state.get("vhat"), self._lr(values, dtype),
-            beta_1, beta_2, tf.pow(beta_1, t), tf.pow(beta_2, t),
+        return _kernel_adam_coefficients(
+            self._lr(values, dtype), beta_1, beta_2, tf.pow(beta_1, t), tf.pow(beta_2, t),
             tf.constant(self.optimizer.epsilon, dtype),
+        )
+
+    def _fused(self, values, dtype):
+        if self.optimizer.amsgrad:
+            return None
+        return "adam_kernel", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
+        var, m, v, vhat = _kernel_adam(
+            var, grad, state["m"], state["v"], state.get("vhat"), self._coefficients(values, dtype)
         )
         new_state = {"m": m, "v": v}
         if vhat is not None:
@@ -685,10 +775,13 @@ class _LegacyAdagrad(_LegacyRule):
         initial = float(optimizer._initial_accumulator_value)
         super().__init__(optimizer, (SlotSpec("accumulator", initial),))
 
+    def _fused(self, values, dtype):
+        return "adagrad_v2", (self._lr(values, dtype), tf.constant(self.optimizer.epsilon, dtype))
+
     def _update(self, var, grad, state, values, dtype):
+        lr, epsilon = self._fused(values, dtype)[1]
         accumulator = state["accumulator"] + tf.square(grad)
-        epsilon = tf.constant(self.optimizer.epsilon, dtype)
-        var = var - self._lr(values, dtype) * grad / (tf.sqrt(accumulator) + epsilon)
+        var = var - lr * grad / (tf.sqrt(accumulator) + epsilon)
         return var, {"accumulator": accumulator}
 
 
@@ -866,12 +959,17 @@ class _TF1Momentum(_TF1Rule):
     def __init__(self, optimizer):
         super().__init__(optimizer, (SlotSpec("momentum", 0.0),))
 
-    def _update(self, var, grad, state, values, dtype):
+    def _fused(self, values, dtype):
         lr = self._lr(values, dtype)
         momentum = self._const("_momentum", dtype)
+        rule = "nesterov" if self.optimizer._use_nesterov else "momentum"
+        return rule, (lr, momentum, lr * momentum)
+
+    def _update(self, var, grad, state, values, dtype):
+        lr, momentum, lr_momentum = self._fused(values, dtype)[1]
         accum = state["momentum"] * momentum + grad
         if self.optimizer._use_nesterov:
-            var = var - (lr * grad + lr * momentum * accum)
+            var = var - (lr * grad + lr_momentum * accum)
         else:
             var = var - lr * accum
         return var, {"momentum": accum}
@@ -889,16 +987,23 @@ class _TF1Adam(_TF1Rule):
     def __init__(self, optimizer):
         super().__init__(optimizer, (SlotSpec("m", 0.0), SlotSpec("v", 0.0)))
 
-    def _update(self, var, grad, state, values, dtype):
+    def _coefficients(self, values, dtype):
         t = tf.cast(values["step"], tf.float32)
         beta_1 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta1))
         beta_2 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta2))
         beta_1_power = tf.cast(tf.pow(beta_1, tf.cast(t, beta_1.dtype)), dtype)
         beta_2_power = tf.cast(tf.pow(beta_2, tf.cast(t, beta_2.dtype)), dtype)
+        return _kernel_adam_coefficients(
+            self._lr(values, dtype), tf.cast(beta_1, dtype), tf.cast(beta_2, dtype),
+            beta_1_power, beta_2_power, self._const("_epsilon", dtype),
+        )
+
+    def _fused(self, values, dtype):
+        return "adam_kernel", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
         var, m, v, _ = _kernel_adam(
-            var, grad, state["m"], state["v"], None, self._lr(values, dtype),
-            tf.cast(beta_1, dtype), tf.cast(beta_2, dtype), beta_1_power, beta_2_power,
-            self._const("_epsilon", dtype),
+            var, grad, state["m"], state["v"], None, self._coefficients(values, dtype)
         )
         return var, {"m": m, "v": v}
 

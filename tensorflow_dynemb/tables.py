@@ -426,6 +426,17 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
             )
         return tuple(evicted)
 
+    def _apply_rule(self, keys, rows, grads, initial, coefficients, rule: str,
+                    weight_decay: bool) -> tf.Tensor:
+        """`DynembTableApplyRule` on this table as a slot state (`Variable._apply_rule`):
+        updates the state rows of the 1-D `keys` in place (`initial` for absent keys)
+        by `rule` and returns the new parameter rows. Unbounded CPU tables only."""
+        with tf.name_scope(f"{self._name}_apply_rule"), self._placement():
+            return _gen_ops().dynemb_table_apply_rule(
+                self.resource_handle, keys, rows, grads, initial, coefficients,
+                rule=rule, weight_decay=weight_decay,
+            )
+
     def remove(self, keys: TensorLike, name: Optional[str] = None):
         """Removes `keys` (any shape); absent keys are ignored.
 

@@ -46,6 +46,7 @@ from tensorflow_dynemb.trainable import TrainableRows, replica_key
 from tensorflow_dynemb.sharding import (
     HashTableCreator,
     Partitioner,
+    _is_gpu,
     default_partition_fn,
     table_devices,
 )
@@ -385,6 +386,35 @@ class Variable(tf.Module):
             rows = self._initializer.rows(tf.gather_nd(flat, missing))
             values = tf.tensor_scatter_nd_update(values, missing, rows)
         return values, exists
+
+    def _can_apply_rules(self) -> bool:
+        """Whether `_apply_rule` works here: unbounded shard tables on CPUs, one initial
+        row for every key. What a slot state (slots.py) is, unless its parameter's
+        shards are on GPUs (whose tables have no fused update yet)."""
+        return (
+            not self.bounded
+            and not self._initializer.per_key
+            and not any(_is_gpu(device) for device in self._devices)
+        )
+
+    def _apply_rule(self, keys: tf.Tensor, rows: tf.Tensor, grads: tf.Tensor, step) -> tf.Tensor:
+        """One optimizer step with this variable as the slot state of a parameter
+        (slots.py; see `_can_apply_rules`): per shard, `DynembTableApplyRule` updates the
+        state rows of `keys` (1-D) in place from the parameter rows `rows` and their
+        gradients `grads` (`[n, dim]`) by the `FusedStep` `step`.
+
+        Returns:
+          The new parameter rows, `[n, dim]` in the order of `keys`.
+        """
+        with tf.name_scope(f"{self._unique_name}_apply_rule"):
+            shards, positions = self._route(keys, rows, grads)
+            coefficients = tf.stack(step.coefficients)
+            initial = self._initializer.default_row
+            new_rows = [
+                table._apply_rule(k, r, g, initial, coefficients, step.rule, step.weight_decay)
+                for table, (k, r, g) in zip(self._tables, shards)
+            ]
+            return new_rows[0] if positions is None else tf.dynamic_stitch(positions, new_rows)
 
     def upsert(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
         """Inserts or overwrites `keys` with `values` (`keys.shape + [dim]`).

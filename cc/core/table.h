@@ -150,6 +150,8 @@
 #include <string_view>
 #include <utility>
 
+#include "cc/core/update_rules.h"
+
 namespace dynemb {
 
 // ---------------------------------------------------------------------------
@@ -190,6 +192,12 @@ inline Status InvalidArgument(std::string msg) {
 // other array, named `what` in the message) not null.
 Status CheckBatchArgs(const void* keys, int64_t n, const void* data, const char* what,
                       int64_t max_rows, const char* limit);
+
+// The checks of Table::ApplyRule's arguments against a table's options, shared
+// by every implementation (n as in CheckBatchArgs).
+struct TableOptions;
+Status CheckRuleStep(const TableOptions& options, const void* keys, int64_t n,
+                     const void* initial, const RuleStep& step);
 
 #define DYNEMB_RETURN_IF_ERROR(expr)         \
   do {                                       \
@@ -415,6 +423,20 @@ class Table {
                const Runner& runner) {
     return AccumAndEvict(keys, n, deltas, exists, nullptr, runner);
   }
+
+  // One optimizer step on a slot-state table (update_rules.h). For each key
+  // i, its state row -- or, for a key the table lacks, a copy of `initial`
+  // (one state row), which is then inserted -- is updated in place by
+  // step.rule with row i of step.rows and step.grads, and row i of
+  // step.new_rows receives the key's new parameter row. A key's read, update
+  // and write happen under its shard's lock, so concurrent steps on the same
+  // key all count; duplicate keys apply in batch order, each seeing the state
+  // the one before left. Scores are assigned as Insert assigns them. The
+  // table must be unbounded (a step must not evict slot rows), of value type
+  // float32 or float64, with dim = UpdateRuleSlots(step.rule) * step.dim
+  // (CheckRuleStep says what is wrong otherwise).
+  virtual Status ApplyRule(const void* keys, int64_t n, const void* initial,
+                           const RuleStep& step, const Runner& runner) = 0;
 
   // Removes the keys; absent keys are ignored.
   virtual Status Remove(const void* keys, int64_t n, const Runner& runner) = 0;

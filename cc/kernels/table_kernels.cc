@@ -331,6 +331,47 @@ void AccumAndEvictOp::ComputeWithTable(OpKernelContext* ctx, TableResource* reso
   evicted.SetOutputs(ctx);
 }
 
+ApplyRuleOp::ApplyRuleOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+  std::string rule;
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule));
+  OP_REQUIRES(ctx, ParseUpdateRule(rule, &rule_),
+              absl::InvalidArgumentError(absl::StrCat("unknown rule '", rule, "'")));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("weight_decay", &weight_decay_));
+}
+
+void ApplyRuleOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                   const Runner& runner) {
+  const Tensor& keys = ctx->input(1);
+  const Tensor& rows = ctx->input(2);
+  const Tensor& grads = ctx->input(3);
+  const Tensor& coefficients = ctx->input(5);
+  OP_REQUIRES(ctx, keys.dims() == 1,
+              absl::InvalidArgumentError(absl::StrCat("keys must be a vector, got shape ",
+                                                      keys.shape().DebugString())));
+  OP_REQUIRES(ctx, rows.dims() == 2 && rows.dim_size(0) == keys.dim_size(0),
+              absl::InvalidArgumentError(absl::StrCat(
+                  "Expected shape [", keys.dim_size(0), ", dim] for rows, got ",
+                  rows.shape().DebugString())));
+  OP_REQUIRES_OK(ctx, CheckShape(rows.shape(), grads, "grads"));
+  OP_REQUIRES_OK(ctx, CheckShape(resource->value_shape(), ctx->input(4), "initial"));
+  const int64_t num_coefficients = UpdateRuleCoefficients(rule_) + (weight_decay_ ? 2 : 0);
+  OP_REQUIRES_OK(ctx, CheckShape(TensorShape({num_coefficients}), coefficients, "coefficients"));
+  Tensor* new_rows;
+  // Row i is read before it is written, so the rows' buffer can take the result.
+  OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({2}, 0, rows.shape(), &new_rows));
+  RuleStep step;
+  step.rule = rule_;
+  step.dim = rows.dim_size(1);
+  step.weight_decay = weight_decay_;
+  step.coefficients = coefficients.data();
+  step.rows = rows.data();
+  step.grads = grads.data();
+  step.new_rows = new_rows->data();
+  KeyBatch batch(keys);
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().ApplyRule(
+                          batch.data(), batch.size(), ctx->input(4).data(), step, runner)));
+}
+
 void RemoveOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                                 const Runner& runner) {
   KeyBatch batch(ctx->input(1));
@@ -544,6 +585,7 @@ DYNEMB_REGISTER_CPU("DynembTableInsert", InsertOp);
 DYNEMB_REGISTER_CPU("DynembTableInsertAndEvict", InsertAndEvictOp);
 DYNEMB_REGISTER_CPU("DynembTableAccum", AccumOp);
 DYNEMB_REGISTER_CPU("DynembTableAccumAndEvict", AccumAndEvictOp);
+DYNEMB_REGISTER_CPU("DynembTableApplyRule", ApplyRuleOp);
 DYNEMB_REGISTER_CPU("DynembTableRemove", RemoveOp);
 DYNEMB_REGISTER_CPU("DynembTableClear", ClearOp);
 DYNEMB_REGISTER_CPU("DynembTableSize", SizeOp);

@@ -12,6 +12,7 @@
 
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
+#include "cc/core/update_rules.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -87,6 +88,21 @@ DYNEMB_TABLE_KERNEL(StatsOp);
 DYNEMB_TABLE_KERNEL(ExportOp);
 
 #undef DYNEMB_TABLE_KERNEL
+
+// One optimizer step on a slot-state table (Table::ApplyRule). CPU only: GPU
+// tables do not implement ApplyRule, and the Python layer does not ask them.
+class ApplyRuleOp final : public TableOpKernel {
+ public:
+  explicit ApplyRuleOp(tensorflow::OpKernelConstruction* ctx);
+
+ protected:
+  void ComputeWithTable(tensorflow::OpKernelContext* ctx, TableResource* resource,
+                        const Runner& runner) override;
+
+ private:
+  UpdateRule rule_ = UpdateRule::kKerasAdam;
+  bool weight_decay_ = false;
+};
 
 // Streams the table to a file through TF's file systems (SaveTable).
 class SaveToFileOp final : public TableOpKernel {

@@ -157,6 +157,25 @@ absl::Status AccumAndEvictShape(InferenceContext* c) {
   return EntriesOutputsShape(c);
 }
 
+// (handle, keys [n], rows [n, dim], grads [n, dim], initial value_shape,
+// coefficients [k]) -> new rows [n, dim].
+absl::Status ApplyRuleShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
+  ShapeHandle keys, rows, grads, coefficients;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &rows));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 1, &coefficients));
+  ShapeHandle keyed_rows;
+  TF_RETURN_IF_ERROR(c->Concatenate(keys, c->Vector(c->Dim(rows, 1)), &keyed_rows));
+  TF_RETURN_IF_ERROR(CheckShape(c, keyed_rows, rows, "rows"));
+  TF_RETURN_IF_ERROR(CheckShape(c, rows, c->input(3), "grads"));
+  TF_RETURN_IF_ERROR(CheckShape(c, ValueShapeOfHandle(c), c->input(4), "initial"));
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Merge(rows, c->input(3), &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
 absl::Status StatsShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(HandleOnlyShape(c));
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
@@ -256,6 +275,31 @@ REGISTER_OP("DynembTableAccum")
     .Doc(R"doc(
 Per key: exists and present -> value += delta; not exists and absent -> insert
 the value; otherwise no change.
+)doc");
+
+REGISTER_OP("DynembTableApplyRule")
+    .Input("table_handle: resource")
+    .Input("keys: Tkey")
+    .Input("rows: Tvalue")
+    .Input("grads: Tvalue")
+    .Input("initial: Tvalue")
+    .Input("coefficients: Tvalue")
+    .Output("new_rows: Tvalue")
+    .Attr(TypeAttr("Tkey", kKeyTypes))
+    .Attr("Tvalue: {float, double}")
+    .Attr("rule: {'keras_adam', 'adam_kernel', 'keras_adagrad', 'adagrad_v2', "
+          "'keras_momentum', 'keras_nesterov', 'momentum', 'nesterov'}")
+    .Attr("weight_decay: bool = false")
+    .SetShapeFn(ApplyRuleShape)
+    .Doc(R"doc(
+One optimizer step on a slot-state table (its rows: a key's slots side by side,
+value_shape [slots * dim]): per key, the state row -- `initial` for a key the
+table lacks, which is then inserted -- is updated in place by `rule` from the
+parameter row `rows[i]` and its gradient `grads[i]` ([n, dim]), and
+`new_rows[i]` receives the updated parameter row. Each key's read, update and
+write are atomic. `coefficients` are the rule's per-step scalars
+(cc/core/update_rules.h), preceded by [weight_decay, lr] with `weight_decay`.
+The table must be unbounded.
 )doc");
 
 REGISTER_OP("DynembTableAccumAndEvict")

@@ -19,6 +19,7 @@
 #include "cc/core/hash.h"
 #include "cc/core/score_rule.h"
 #include "cc/core/table.h"
+#include "cc/core/update_rules.h"
 #include "cc/core/value_ops.h"
 
 namespace dynemb {
@@ -416,6 +417,19 @@ class CpuTable final : public Table {
     return result;
   }
 
+  Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
+                   const Runner& runner) override {
+    DYNEMB_RETURN_IF_ERROR(CheckRuleStep(options_, keys, n, initial, step));
+    if (n == 0) return Status::Ok();
+    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, initial, "initial"));
+    const In* in = static_cast<const In*>(keys);
+    const char* init = static_cast<const char*>(initial);
+    if (options_.value_type == ValueType::kFloat64) {
+      return ApplyRuleAs<double>(in, n, init, step, runner);
+    }
+    return ApplyRuleAs<float>(in, n, init, step, runner);
+  }
+
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, keys, "keys"));
@@ -539,6 +553,68 @@ class CpuTable final : public Table {
   }
 
  private:
+  template <typename T>
+  Status ApplyRuleAs(const In* in, int64_t n, const char* initial, const RuleStep& step,
+                     const Runner& runner) {
+    const T* coefficients = static_cast<const T*>(step.coefficients);
+    const T* rows = static_cast<const T*>(step.rows);
+    const T* grads = static_cast<const T*>(step.grads);
+    T* out = static_cast<T*>(step.new_rows);
+    const int64_t dim = step.dim;
+    const size_t row_bytes = static_cast<size_t>(dim) * sizeof(T);
+    // The batch's rows are visited in shard order, i.e. at random.
+    const auto ahead = [&](uint32_t i) {
+      PrefetchSpan<0>(rows + i * dim, row_bytes);
+      PrefetchSpan<0>(grads + i * dim, row_bytes);
+      PrefetchSpan<1>(out + i * dim, row_bytes);
+    };
+    const auto update = [&](uint32_t i, char* state) {
+      ApplyRuleToRow<T>(step.rule, step.weight_decay, coefficients, dim, rows + i * dim,
+                        grads + i * dim, reinterpret_cast<T*>(state), out + i * dim);
+    };
+    return UpdateInPlace(in, n, initial, runner, ahead, update);
+  }
+
+  // The read-modify-write loop of ApplyRule (unbounded tables only, so
+  // WriteBatch never defers rows): update(i, value row) runs on key i's
+  // stored row in place, or on a copy of `initial` that is then inserted;
+  // ahead(i) runs some keys before, to prefetch the caller's memory of i.
+  template <typename Ahead, typename Update>
+  Status UpdateInPlace(const In* in, int64_t n, const char* initial, const Runner& runner,
+                       Ahead&& ahead, Update&& update) {
+    BatchPlan plan;
+    BuildPlan(in, n, runner, &plan);
+    const ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/true);
+    return WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard, const uint32_t* idx,
+                                           int64_t count, DeferredRows*) {
+      Status status;
+      // 8-byte aligned (operator new), as the value rows of the slab are.
+      std::vector<uint64_t> fresh((value_bytes_ + 7) / 8);
+      char* fresh_row = reinterpret_cast<char*>(fresh.data());
+      PipelinedLoop(
+          shard, plan.hashes.data(), idx, count, [&](int64_t b) { ahead(idx[b]); },
+          [&](int64_t p, uint32_t) {
+            if (!status.ok()) return;
+            const uint32_t i = idx[p];
+            const uint64_t hash = plan.hashes[i];
+            const uint64_t pos = FindPosition(shard, hash, in[i]);
+            const uint64_t slot = shard.slots[pos];
+            if (!SlotEmpty(slot)) {
+              char* r = shard.rows.Row(SlotRow(slot));
+              update(i, r + value_offset_);
+              SetScore(r, ctx.Score(i, true, AtomicLoadScore(r + score_offset_)));
+              ++pass.pc.updates;
+            } else {
+              CopyValues(fresh_row, initial);
+              update(i, fresh_row);
+              InsertNew(pass, count - p, hash, in[i], pos, fresh_row, ctx.Score(i, false, 0),
+                        /*age=*/0, /*out=*/nullptr, &status);
+            }
+          });
+      return status;
+    });
+  }
+
   // Calls fn(row) for every entry of `shard` (locked by the caller).
   template <typename Fn>
   void ForEachRowInSlotOrder(const Shard& shard, Fn&& fn) const {

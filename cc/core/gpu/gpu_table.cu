@@ -294,6 +294,16 @@ class GpuTable final : public Table {
     return Write(static_cast<const K*>(keys), n, a, /*is_insert=*/false, evicted, runner);
   }
 
+  // Not on the GPU yet: tensorflow_dynemb's optimizer runs its unfused
+  // update (find, rule, upsert) for GPU tables (docs/gpu.md).
+  Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
+                   const Runner&) override {
+    DYNEMB_RETURN_IF_ERROR(CheckRuleStep(options_, keys, n, initial, step));
+    return Status(StatusCode::kFailedPrecondition,
+                  "ApplyRule is not implemented for GPU tables; update the slot rows with "
+                  "Find, the rule and Insert instead");
+  }
+
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, keys, "keys"));

@@ -182,6 +182,11 @@ class StagedTable final : public StagedGpuTable {
     return out.Finish(evicted, KeyBytes(), RowBytes(), stream_);
   }
 
+  Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
+                   const Runner&) override {
+    return gpu_->ApplyRule(keys, n, initial, step, runner_);
+  }
+
   Status Remove(const void* keys, int64_t n, const Runner&) override {
     if (n <= 0 || keys == nullptr) return gpu_->Remove(keys, n, runner_);
     DeviceBuffer d_keys(allocator_);

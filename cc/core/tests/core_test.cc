@@ -1060,6 +1060,139 @@ void TestConcurrentBounded() {
   }
 }
 
+// ApplyRule: absent keys start from `initial`, present ones are updated in
+// place, duplicates apply in batch order, the parameter rows come out.
+void TestApplyRule(const Runner& runner) {
+  const int64_t dim = 3;
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2 * dim);  // Adam: [m | v]
+  const int64_t seeded_key[] = {5};
+  const float seeded[] = {0.5f, 0.5f, 0.5f, 2, 2, 2};
+  CHECK_OK(t->Insert(seeded_key, 1, seeded, nullptr, runner));
+  const int64_t keys[] = {7, 5, 7};  // 7 absent, then updated again
+  const float rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const float grads[] = {0.25f, -1, 2, 1, 1, 1, -0.5f, 0.5f, 4};
+  const float initial[] = {0, 0, 0, 0, 0, 0};
+  const float coef[] = {0.01f, 0.1f, 0.001f, 1e-7f};  // alpha, 1 - beta_1, 1 - beta_2, eps
+  float out[9];
+  RuleStep step;
+  step.rule = UpdateRule::kKerasAdam;
+  step.dim = dim;
+  step.coefficients = coef;
+  step.rows = rows;
+  step.grads = grads;
+  step.new_rows = out;
+  CHECK_OK(t->ApplyRule(keys, 3, initial, step, runner));
+  CHECK(t->Size() == 2);
+  // The same steps written out, one row after the other.
+  std::map<int64_t, std::vector<float>> state = {{7, std::vector<float>(initial, initial + 6)},
+                                                 {5, std::vector<float>(seeded, seeded + 6)}};
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float>& st = state[keys[i]];
+    for (int64_t j = 0; j < dim; ++j) {
+      const float g = grads[i * dim + j];
+      float& m = st[j];
+      float& v = st[dim + j];
+      m = m + (g - m) * coef[1];
+      v = v + (g * g - v) * coef[2];
+      const float w = rows[i * dim + j] - (m * coef[0]) / (std::sqrt(v) + coef[3]);
+      CHECK(out[i * dim + j] == w);
+    }
+  }
+  const int64_t probe[] = {5, 7};
+  float found[12];
+  CHECK_OK(t->Find(probe, 2, found, nullptr, initial, false, runner));
+  for (int j = 0; j < 6; ++j) CHECK(found[j] == state[5][j] && found[6 + j] == state[7][j]);
+  const TableCounters c = t->Counters();
+  CHECK(c.inserts == 2 && c.updates == 2);
+
+  // Weight decay comes first: w - (w * wd) * lr, then the rule (here momentum).
+  auto u = MakeTable(KeyType::kInt32, ValueType::kFloat64, 2);
+  const int32_t ukeys[] = {1};
+  const double urows[] = {10, -4};
+  const double ugrads[] = {1, 2};
+  const double uinit[] = {0.5, 0.5};
+  const double ucoef[] = {0.1, 0.5, 0.25, 0.9};  // wd, lr, then lr, momentum
+  double uout[2];
+  RuleStep decayed;
+  decayed.rule = UpdateRule::kKerasMomentum;
+  decayed.dim = 2;
+  decayed.weight_decay = true;
+  decayed.coefficients = ucoef;
+  decayed.rows = urows;
+  decayed.grads = ugrads;
+  decayed.new_rows = uout;
+  CHECK_OK(u->ApplyRule(ukeys, 1, uinit, decayed, runner));
+  for (int j = 0; j < 2; ++j) {
+    const double w = urows[j] - (urows[j] * 0.1) * 0.5;
+    const double m = 0.5 * 0.9 - ugrads[j] * 0.25;
+    CHECK(uout[j] == w + m);
+  }
+}
+
+void TestApplyRuleErrors() {
+  SerialRunner runner;
+  const int64_t keys[] = {1};
+  const float row[] = {1, 2};
+  float out[2];
+  const float coef[] = {1, 1, 1};
+  RuleStep step;
+  step.rule = UpdateRule::kMomentum;
+  step.dim = 2;
+  step.coefficients = coef;
+  step.rows = row;
+  step.grads = row;
+  step.new_rows = out;
+  auto wrong_dim = MakeTable(KeyType::kInt64, ValueType::kFloat32, 4);
+  Status s = wrong_dim->ApplyRule(keys, 1, row, step, runner);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message().find("must be 2, got 4") != std::string::npos);
+  auto ints = MakeTable(KeyType::kInt64, ValueType::kInt32, 2);
+  CHECK(ints->ApplyRule(keys, 1, row, step, runner).code() == StatusCode::kInvalidArgument);
+  auto bounded = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2, EvictStrategy::kLru, 10);
+  CHECK(bounded->ApplyRule(keys, 1, row, step, runner).code() ==
+        StatusCode::kFailedPrecondition);
+  CHECK(bounded->Size() == 0);
+  auto ok = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+  step.grads = nullptr;
+  CHECK(ok->ApplyRule(keys, 1, row, step, runner).code() == StatusCode::kInvalidArgument);
+  step.grads = row;
+  step.rule = static_cast<UpdateRule>(99);
+  CHECK(ok->ApplyRule(keys, 1, row, step, runner).code() == StatusCode::kInvalidArgument);
+  CHECK(ok->Size() == 0);
+  UpdateRule parsed;
+  CHECK(ParseUpdateRule("keras_adam", &parsed) && parsed == UpdateRule::kKerasAdam);
+  CHECK(!ParseUpdateRule("adamw", &parsed));
+  CHECK(UpdateRuleSlots(UpdateRule::kAdamKernel) == 2 &&
+        UpdateRuleCoefficients(UpdateRule::kAdamKernel) == 6);
+}
+
+// Concurrent steps on the same keys all count: with momentum 1 the
+// accumulator is the sum of every gradient applied to the key.
+void TestApplyRuleConcurrent() {
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1);
+  const int threads = 4, rounds = 200, n = 5000;
+  RunThreads(threads, [&](int) {
+    SerialRunner runner;
+    std::vector<int64_t> keys(n);
+    for (int i = 0; i < n; ++i) keys[i] = i * 7919;
+    const std::vector<float> ones(n, 1.0f), zero(1, 0.0f);
+    std::vector<float> out(n);
+    const float coef[] = {1, 1, 1};  // lr, momentum, lr * momentum
+    RuleStep step;
+    step.rule = UpdateRule::kMomentum;
+    step.dim = 1;
+    step.coefficients = coef;
+    step.rows = ones.data();
+    step.grads = ones.data();
+    step.new_rows = out.data();
+    for (int r = 0; r < rounds; ++r) CHECK_OK(t->ApplyRule(keys.data(), n, zero.data(), step, runner));
+  });
+  VectorSink sink(1);
+  CHECK_OK(t->Export(&sink));
+  CHECK(sink.n == n);
+  for (int i = 0; i < n; ++i) CHECK(sink.values[i] == static_cast<float>(threads * rounds));
+}
+
 }  // namespace
 }  // namespace dynemb
 
@@ -1091,6 +1224,10 @@ int main() {
       {"lowered_scores_and_ties", [&] { TestLoweredScoresAndTies(serial); }},
       {"stale_heap_under_find_refresh", [&] { TestStaleHeapUnderFindRefresh(serial); }},
       {"concurrent_bounded", TestConcurrentBounded},
+      {"apply_rule/serial", [&] { TestApplyRule(serial); }},
+      {"apply_rule/threads", [&] { TestApplyRule(threads); }},
+      {"apply_rule_errors", TestApplyRuleErrors},
+      {"apply_rule_concurrent", TestApplyRuleConcurrent},
   };
   const char* only = std::getenv("CORE_TEST_ONLY");
   int failed = 0;
