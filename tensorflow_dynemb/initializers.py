@@ -65,6 +65,12 @@ class RowInitializer:
         """`[n, dim]` initial rows for the 1-D `keys` (here: the constant row each)."""
         return tf.tile(self.default_row[tf.newaxis, :], [tf.size(keys), 1])
 
+    def fill(self, values: tf.Tensor, exists: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+        """`values` (`[n, dim]`, found for the 1-D `keys`) with the rows of the keys that
+        do not `exist` replaced by `rows` of those keys."""
+        missing = tf.where(tf.logical_not(exists))
+        return tf.tensor_scatter_nd_update(values, missing, self.rows(tf.gather_nd(keys, missing)))
+
 
 class _KeyedRandomRows(RowInitializer):
     def __init__(self, default_row, dim, value_dtype, distribution, a, b, seed):
@@ -75,18 +81,21 @@ class _KeyedRandomRows(RowInitializer):
         self.params = (float(a), float(b))
         self.seed = int(seed)
 
+    def _attrs(self) -> dict:
+        """The attrs of the keyed-random ops for this initializer."""
+        return dict(dim=self._dim, seed=self.seed, distribution=self.distribution,
+                    a=self.params[0], b=self.params[1])
+
     def rows(self, keys: tf.Tensor) -> tf.Tensor:
         draw_dtype = tf.float64 if self._value_dtype == tf.float64 else tf.float32
-        rows = _ops.ops.dynemb_keyed_random(
-            keys,
-            dim=self._dim,
-            seed=self.seed,
-            distribution=self.distribution,
-            a=self.params[0],
-            b=self.params[1],
-            dtype=draw_dtype,
-        )
+        rows = _ops.ops.dynemb_keyed_random(keys, dtype=draw_dtype, **self._attrs())
         return tf.cast(rows, self._value_dtype)
+
+    def fill(self, values: tf.Tensor, exists: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+        if self._value_dtype not in (tf.float32, tf.float64):
+            return super().fill(values, exists, keys)  # drawn in float32, then cast
+        # One op, the same rows: no gather of the missing keys, no scatter into a copy.
+        return _ops.ops.dynemb_keyed_random_fill(values, exists, keys, **self._attrs())
 
 
 class _CallableRows(RowInitializer):

@@ -382,9 +382,7 @@ class Variable(tf.Module):
             values = tf.dynamic_stitch(positions, [v for v, _ in found])
             exists = tf.dynamic_stitch(positions, [e for _, e in found])
         if self._initializer.per_key:
-            missing = tf.where(tf.logical_not(exists))
-            rows = self._initializer.rows(tf.gather_nd(flat, missing))
-            values = tf.tensor_scatter_nd_update(values, missing, rows)
+            values = self._initializer.fill(values, exists, flat)
         return values, exists
 
     def _can_apply_rules(self) -> bool:

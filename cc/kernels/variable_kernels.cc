@@ -1,6 +1,8 @@
 // CPU kernels of cc/ops/variable_ops.cc.
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "cc/core/partition.h"
@@ -63,10 +65,10 @@ class PartitionOp : public OpKernel {
   }
 };
 
-template <typename K, typename T>
-class KeyedRandomOp : public OpKernel {
+// The attrs of the keyed-random ops: a key's row depends only on them and the key.
+class KeyedRandomAttrs {
  public:
-  explicit KeyedRandomOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit KeyedRandomAttrs(OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
     std::string distribution;
@@ -78,25 +80,79 @@ class KeyedRandomOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("b", &b_));
   }
 
+  int64_t dim() const { return dim_; }
+
+  // Draws `key`'s row into row[0 .. dim).
+  template <typename T, typename Key>
+  void Draw(Key key, T* row) const {
+    KeyedRandomRow(static_cast<uint64_t>(seed_), StableKeyHash(key), dim_, dist_, a_, b_, row);
+  }
+
+ private:
+  int64_t dim_ = 0;
+  int64_t seed_ = 0;
+  KeyedDistribution dist_ = KeyedDistribution::kNormal;
+  float a_ = 0;
+  float b_ = 0;
+};
+
+template <typename K, typename T>
+class KeyedRandomOp : public OpKernel {
+ public:
+  explicit KeyedRandomOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& keys = ctx->input(0);
+    const int64_t dim = attrs_.dim();
     TensorShape shape = keys.shape();
-    shape.AddDim(dim_);
+    shape.AddDim(dim);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     T* rows = out->flat<T>().data();
-    const uint64_t seed = static_cast<uint64_t>(seed_);
-    ForEachKey<K>(ctx, keys, 40 * dim_, [&](auto key, int64_t i) {
-      KeyedRandomRow(seed, StableKeyHash(key), dim_, dist_, a_, b_, rows + i * dim_);
+    ForEachKey<K>(ctx, keys, 40 * dim, [&](auto key, int64_t i) { attrs_.Draw(key, rows + i * dim); });
+  }
+
+ private:
+  KeyedRandomAttrs attrs_;
+};
+
+// values with the rows of the keys that do not exist drawn as DynembKeyedRandom
+// draws them; the rows of existing keys pass through (in place when TF lets
+// the op reuse the values' buffer).
+template <typename K, typename T>
+class KeyedRandomFillOp : public OpKernel {
+ public:
+  explicit KeyedRandomFillOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& values = ctx->input(0);
+    const Tensor& exists = ctx->input(1);
+    const Tensor& keys = ctx->input(2);
+    const int64_t dim = attrs_.dim();
+    TensorShape shape = keys.shape();
+    shape.AddDim(dim);
+    OP_REQUIRES(ctx, values.shape() == shape,
+                absl::InvalidArgumentError(absl::StrCat("Expected shape ", shape.DebugString(),
+                                                        " for values, got ",
+                                                        values.shape().DebugString())));
+    OP_REQUIRES(ctx, exists.shape() == keys.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "Expected shape ", keys.shape().DebugString(), " for exists, got ",
+                    exists.shape().DebugString())));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, shape, &out));
+    T* rows = out->flat<T>().data();
+    if (rows != values.flat<T>().data()) {
+      std::copy_n(values.flat<T>().data(), values.NumElements(), rows);
+    }
+    const bool* found = exists.flat<bool>().data();
+    ForEachKey<K>(ctx, keys, 20 * dim, [&](auto key, int64_t i) {
+      if (!found[i]) attrs_.Draw(key, rows + i * dim);
     });
   }
 
  private:
-  int64_t dim_;
-  int64_t seed_;
-  KeyedDistribution dist_;
-  float a_;
-  float b_;
+  KeyedRandomAttrs attrs_;
 };
 
 #define DYNEMB_REGISTER_KEYED(K)                                                       \
@@ -114,7 +170,17 @@ class KeyedRandomOp : public OpKernel {
                               .Device(tensorflow::DEVICE_CPU)                          \
                               .TypeConstraint<K>("Tkey")                               \
                               .TypeConstraint<double>("dtype"),                        \
-                          (KeyedRandomOp<K, double>));
+                          (KeyedRandomOp<K, double>));                                 \
+  REGISTER_KERNEL_BUILDER(Name("DynembKeyedRandomFill")                                \
+                              .Device(tensorflow::DEVICE_CPU)                          \
+                              .TypeConstraint<K>("Tkey")                               \
+                              .TypeConstraint<float>("dtype"),                         \
+                          (KeyedRandomFillOp<K, float>));                              \
+  REGISTER_KERNEL_BUILDER(Name("DynembKeyedRandomFill")                                \
+                              .Device(tensorflow::DEVICE_CPU)                          \
+                              .TypeConstraint<K>("Tkey")                               \
+                              .TypeConstraint<double>("dtype"),                        \
+                          (KeyedRandomFillOp<K, double>));
 
 DYNEMB_REGISTER_KEYED(int32_t)
 DYNEMB_REGISTER_KEYED(int64_t)

@@ -28,6 +28,18 @@ absl::Status KeyedRandomShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// (values, exists, keys): values is keys.shape + [dim], exists keys.shape.
+absl::Status KeyedRandomFillShape(InferenceContext* c) {
+  int64_t dim = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  ShapeHandle keyed, rows, exists;
+  TF_RETURN_IF_ERROR(c->Concatenate(c->input(2), c->Vector(dim), &keyed));
+  TF_RETURN_IF_ERROR(c->Merge(c->input(0), keyed, &rows));
+  TF_RETURN_IF_ERROR(c->Merge(c->input(1), c->input(2), &exists));
+  c->set_output(0, rows);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("DynembPartition")
@@ -55,6 +67,25 @@ REGISTER_OP("DynembKeyedRandom")
     .Doc(R"doc(
 keys.shape + [dim] random rows, each depending only on (seed, key): uniform in
 [a, b), or normal / truncated normal (within 2 stddevs) of mean a, stddev b.
+)doc");
+
+REGISTER_OP("DynembKeyedRandomFill")
+    .Input("values: dtype")
+    .Input("exists: bool")
+    .Input("keys: Tkey")
+    .Output("filled: dtype")
+    .Attr("Tkey: {int32, int64, string}")
+    .Attr("dim: int >= 1")
+    .Attr("seed: int")
+    .Attr("distribution: {'uniform', 'normal', 'truncated_normal'}")
+    .Attr("a: float")
+    .Attr("b: float")
+    .Attr("dtype: {float, double}")
+    .SetShapeFn(KeyedRandomFillShape)
+    .Doc(R"doc(
+`values` (keys.shape + [dim]) with the row of every key whose `exists` is false
+replaced by DynembKeyedRandom's row of that key (same attrs, same row): what a
+lookup returns once the keys it missed get their initial rows.
 )doc");
 
 }  // namespace dynemb
