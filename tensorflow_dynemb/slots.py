@@ -109,8 +109,8 @@ class SlotView:
 
     def export(self, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
         """`(keys [n], values [n, dim])` of every key, order unspecified."""
-        keys, values, _ = self.export_with_scores(name=name)
-        return keys, values
+        keys, rows = self._state.export(name=name)
+        return keys, self._columns(rows)
 
     # -- writes --------------------------------------------------------------------------
 

@@ -477,7 +477,7 @@ class Variable(tf.Module):
         """
         with tf.name_scope(name or f"{self._unique_name}_accum_and_evict"):
             shards = self._accum_shards(keys, old_values, new_values, exists)
-            return self._concat_evicted(
+            return self._concat_shards(
                 [table.accum_and_evict(k, d, e) for table, (k, d, e) in zip(self._tables, shards)]
             )
 
@@ -523,16 +523,17 @@ class Variable(tf.Module):
             keys = convert(keys, self._key_dtype, "keys")
             rows = self._flat_rows(keys, values, "values")
             shards, _ = self._route(tf.reshape(keys, [-1]), rows)
-            return self._concat_evicted(
+            return self._concat_shards(
                 [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
             )
 
     @staticmethod
-    def _concat_evicted(parts: List[Tuple[tf.Tensor, ...]]) -> Tuple[tf.Tensor, ...]:
-        """One (keys, values, scores) of what every shard table evicted."""
+    def _concat_shards(parts: List[Tuple[tf.Tensor, ...]]) -> Tuple[tf.Tensor, ...]:
+        """Per-shard tuples of tensors (what each shard table exported or evicted) as one
+        tuple, each tensor concatenated over the shards."""
         if len(parts) == 1:
             return tuple(parts[0])
-        return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
+        return tuple(tf.concat([p[i] for p in parts], 0) for i in range(len(parts[0])))
 
     def remove_everywhere(self, keys: TensorLike) -> List[Any]:
         """Removes `keys` from the variable and from every optimizer slot of it (what a
@@ -644,10 +645,7 @@ class Variable(tf.Module):
           `(keys [n], values [n, dim], scores int64 [n])`, order unspecified.
         """
         with tf.name_scope(name or f"{self._unique_name}_export"):
-            parts = [table.export_with_scores() for table in self._tables]
-            if len(parts) == 1:
-                return tuple(parts[0])
-            return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
+            return self._concat_shards([table.export_with_scores() for table in self._tables])
 
     def export(self, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
         """Every entry of every shard.
@@ -655,8 +653,8 @@ class Variable(tf.Module):
         Returns:
           `(keys [n], values [n, dim])`, order unspecified.
         """
-        keys, values, _ = self.export_with_scores(name=name)
-        return keys, values
+        with tf.name_scope(name or f"{self._unique_name}_export"):
+            return self._concat_shards([table.export() for table in self._tables])
 
     def restrict(self, num_reserved: int, **kwargs):
         """Shrinks the variable to `num_reserved` keys as its `restrict_policy` ranks them.
@@ -825,12 +823,12 @@ class Variable(tf.Module):
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
             return {}
+        name = f"{self._unique_name}_checkpoint_export"
         with tf.device("/CPU:0"):
-            keys, values, scores = self.export_with_scores(
-                name=f"{self._unique_name}_checkpoint_export"
-            )
-        if not self._checkpoint_scores:
-            return {CKPT_KEYS: keys, CKPT_VALUES: values}
+            if not self._checkpoint_scores:
+                keys, values = self.export(name=name)
+                return {CKPT_KEYS: keys, CKPT_VALUES: values}
+            keys, values, scores = self.export_with_scores(name=name)
         return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
 
     def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):

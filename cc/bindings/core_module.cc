@@ -740,7 +740,7 @@ class PyTable {
     Status status;
     {
       py::gil_scoped_release release;
-      status = table_->Export(&sink);
+      status = table_->Export(&sink, *runner_);
     }
     ThrowIfError(status);
     return sink.Result();

@@ -307,7 +307,8 @@ class ExportSink {
   // *values ([n, dim]) and *scores ([n]) to buffers that hold n entries; any
   // of them may be set to nullptr to skip that part.
   virtual Status Allocate(int64_t n, void** keys, void** values, uint64_t** scores) = 0;
-  // String tables: called once per entry, i in [0, n).
+  // String tables: called once per entry, i in [0, n), possibly from several
+  // of the runner's threads at once (for different i).
   virtual void SetStringKey(int64_t i, std::string_view key) { (void)i; (void)key; }
 };
 
@@ -445,8 +446,9 @@ class Table {
   virtual void Clear() = 0;
 
   // A consistent snapshot of every entry, in unspecified order (bounded
-  // tables: oldest write first, so an import restores how ties break).
-  virtual Status Export(ExportSink* sink) = 0;
+  // tables: oldest write first, so an import restores how ties break). The
+  // copy into the sink's buffers runs on `runner`.
+  virtual Status Export(ExportSink* sink, const Runner& runner) = 0;
 
   // Every entry in chunks of at most `chunk_rows`, holding one shard's lock
   // only while copying a chunk: memory stays O(chunk_rows) however large the

@@ -416,8 +416,8 @@ namespace {
 // the op's device memory (a GPU table fills them on the device).
 class TensorExportSink : public ExportSink {
  public:
-  TensorExportSink(OpKernelContext* ctx, const TensorShape& value_shape)
-      : ctx_(ctx), value_shape_(value_shape) {}
+  TensorExportSink(OpKernelContext* ctx, const TensorShape& value_shape, bool with_scores)
+      : ctx_(ctx), value_shape_(value_shape), with_scores_(with_scores) {}
 
   Status Allocate(int64_t n, void** keys, void** values, uint64_t** scores) override {
     Tensor* keys_t;
@@ -425,7 +425,7 @@ class TensorExportSink : public ExportSink {
     Tensor* scores_t;
     absl::Status s = ctx_->allocate_output(0, TensorShape({n}), &keys_t);
     if (s.ok()) s = ctx_->allocate_output(1, KeyedShape(TensorShape({n}), value_shape_), &values_t);
-    if (s.ok()) s = ctx_->allocate_output(2, TensorShape({n}), &scores_t);
+    if (s.ok()) s = ctx_->allocate_output(2, TensorShape({with_scores_ ? n : 0}), &scores_t);
     if (!s.ok()) return Status(StatusCode::kResourceExhausted, std::string(s.message()));
     if (keys_t->dtype() == tensorflow::DT_STRING) {
       string_keys_ = keys_t->flat<tensorflow::tstring>().data();
@@ -434,7 +434,7 @@ class TensorExportSink : public ExportSink {
       *keys = keys_t->data();
     }
     *values = values_t->data();
-    *scores = static_cast<uint64_t*>(scores_t->data());
+    *scores = with_scores_ ? static_cast<uint64_t*>(scores_t->data()) : nullptr;
     return Status::Ok();
   }
 
@@ -445,14 +445,20 @@ class TensorExportSink : public ExportSink {
  private:
   OpKernelContext* ctx_;
   TensorShape value_shape_;
+  bool with_scores_;
   tensorflow::tstring* string_keys_ = nullptr;
 };
 
 }  // namespace
 
-void ExportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
-  TensorExportSink sink(ctx, resource->value_shape());
-  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Export(&sink)));
+ExportOp::ExportOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("with_scores", &with_scores_));
+}
+
+void ExportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
+                                const Runner& runner) {
+  TensorExportSink sink(ctx, resource->value_shape(), with_scores_);
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Export(&sink, runner)));
 }
 
 // ---------------------------------------------------------------------------

@@ -85,7 +85,6 @@ DYNEMB_TABLE_KERNEL(RemoveOp);
 DYNEMB_TABLE_KERNEL(ClearOp);
 DYNEMB_TABLE_KERNEL(SizeOp);
 DYNEMB_TABLE_KERNEL(StatsOp);
-DYNEMB_TABLE_KERNEL(ExportOp);
 
 #undef DYNEMB_TABLE_KERNEL
 
@@ -102,6 +101,19 @@ class ApplyRuleOp final : public TableOpKernel {
  private:
   UpdateRule rule_ = UpdateRule::kKerasAdam;
   bool weight_decay_ = false;
+};
+
+// Every entry of the table; the scores output is empty unless `with_scores`.
+class ExportOp final : public TableOpKernel {
+ public:
+  explicit ExportOp(tensorflow::OpKernelConstruction* ctx);
+
+ protected:
+  void ComputeWithTable(tensorflow::OpKernelContext* ctx, TableResource* resource,
+                        const Runner& runner) override;
+
+ private:
+  bool with_scores_ = true;
 };
 
 // Streams the table to a file through TF's file systems (SaveTable).

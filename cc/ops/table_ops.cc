@@ -368,7 +368,12 @@ REGISTER_OP("DynembTableExport")
     .Output("scores: int64")
     .Attr(TypeAttr("Tkey", kKeyTypes))
     .Attr(TypeAttr("Tvalue", kValueTypes))
-    .SetShapeFn(ExportShape);
+    .Attr("with_scores: bool = true")
+    .SetShapeFn(ExportShape)
+    .Doc(R"doc(
+Every entry: keys [n], values [n] + value_shape and, with `with_scores`, their
+scores [n] (else an empty [0], and the scores are never copied).
+)doc");
 
 REGISTER_OP("DynembTableImport")
     .Input("table_handle: resource")

@@ -336,7 +336,8 @@ class GpuTable final : public Table {
     (void)End(stream_);
   }
 
-  Status Export(ExportSink* sink) override {
+  // Runs on the table's stream, whatever `runner` is.
+  Status Export(ExportSink* sink, const Runner&) override {
     std::lock_guard<std::mutex> lock(mu_);
     const Status status = Ordered(stream_, [&] { return ExportLocked(sink); });
     ReleaseExportScratch();

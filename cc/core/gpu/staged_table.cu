@@ -195,9 +195,9 @@ class StagedTable final : public StagedGpuTable {
     return Synchronize();
   }
 
-  Status Export(ExportSink* sink) override {
+  Status Export(ExportSink* sink, const Runner&) override {
     DeviceExportSink staged(gpu_->options(), sink, allocator_);
-    DYNEMB_RETURN_IF_ERROR(gpu_->Export(&staged));
+    DYNEMB_RETURN_IF_ERROR(gpu_->Export(&staged, runner_));
     return staged.Finish(stream_);
   }
 

@@ -310,7 +310,7 @@ void TestInt64Basics(const Runner& runner) {
   CHECK(c.inserts == 5 && c.updates == 3 && c.removes == 2);
 
   VectorSink sink(2);
-  CHECK_OK(t->Export(&sink));
+  CHECK_OK(t->Export(&sink, runner));
   CHECK(sink.n == 3);
   std::map<int64_t, float> got;
   for (int i = 0; i < 3; ++i) got[sink.keys[i]] = sink.values[2 * i];
@@ -320,7 +320,7 @@ void TestInt64Basics(const Runner& runner) {
   CHECK(t->Size() == 0);
   CHECK(t->Counters().inserts == 5);  // counters survive Clear
   VectorSink empty(2);
-  CHECK_OK(t->Export(&empty));
+  CHECK_OK(t->Export(&empty, runner));
   CHECK(empty.n == 0);
 }
 
@@ -358,7 +358,7 @@ void TestStringsAndGrowth(const Runner& runner) {
   }
 
   VectorSink sink(1);
-  CHECK_OK(t->Export(&sink));
+  CHECK_OK(t->Export(&sink, runner));
   CHECK(sink.n == t->Size());
   std::map<std::string, int32_t> model;
   for (size_t i = 0; i < keys.size(); i += 2) model[storage[i]] = values[i];
@@ -417,7 +417,7 @@ void TestSaveLoad(const Runner& runner) {
       return Status::Ok();
     }
   } ss;
-  CHECK_OK(u->Export(&ss));
+  CHECK_OK(u->Export(&ss, runner));
   std::map<int32_t, uint64_t> want;
   for (size_t i = 0; i < keys.size(); ++i) want[keys[i]] = scores[i];
   for (size_t i = 0; i < ss.k.size(); ++i) CHECK(want.at(ss.k[i]) == ss.s[i]);
@@ -535,7 +535,7 @@ void TestConcurrentMixed() {
               return Status::Ok();
             }
           } is;
-          CHECK_OK(t->Export(&is));
+          CHECK_OK(t->Export(&is, SerialRunner()));
           for (size_t r = 0; r < is.k.size(); ++r)
             for (int j = 1; j < 16; ++j)
               if (is.v[r * 16 + j] != is.v[r * 16]) torn++;
@@ -717,7 +717,7 @@ std::unique_ptr<Table> MakeBounded(KeyType key, EvictStrategy strategy, int64_t 
 
 std::map<int64_t, uint64_t> ExportScores(Table& t) {
   VectorSink sink(t.options().dim);
-  CHECK_OK(t.Export(&sink));
+  CHECK_OK(t.Export(&sink, SerialRunner()));
   std::map<int64_t, uint64_t> m;
   for (int64_t i = 0; i < sink.n; ++i) m[sink.keys[i]] = sink.scores[i];
   return m;
@@ -1002,7 +1002,7 @@ void TestConcurrentBounded() {
                 }));
                 CHECK(!duplicate);
                 VectorSink sink(4);  // Export is a snapshot
-                CHECK_OK(t->Export(&sink));
+                CHECK_OK(t->Export(&sink, SerialRunner()));
                 CHECK(sink.n <= max_capacity);
                 if (iter == 30 && id == 0) t->Clear();
                 break;
@@ -1045,7 +1045,7 @@ void TestConcurrentBounded() {
       watcher.join();
       CHECK(max_seen.load() <= max_capacity);
       VectorSink sink(4);
-      CHECK_OK(t->Export(&sink));
+      CHECK_OK(t->Export(&sink, SerialRunner()));
       CHECK(sink.n == t->Size() && sink.n <= max_capacity);
       // Quiescent: the budget is all returned, so the table fills up again.
       t->Clear();
@@ -1057,6 +1057,31 @@ void TestConcurrentBounded() {
                                  runner));
       CHECK(ev.entries.count == 0 && t->Size() == max_capacity);
     }
+  }
+}
+
+// Export copies shards (or, bounded, ranges of the age order) in parallel:
+// the result is the serial one, entry for entry.
+void TestParallelExport() {
+  ThreadRunner threads(3);
+  SerialRunner serial;
+  for (const int64_t max_capacity : {int64_t{0}, int64_t{15000}}) {
+    auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 3, EvictStrategy::kLru, max_capacity);
+    const int64_t n = 20000;
+    std::vector<int64_t> keys(n);
+    std::vector<float> values(3 * n);
+    for (int64_t i = 0; i < n; ++i) {
+      keys[i] = i * 2654435761LL;
+      for (int j = 0; j < 3; ++j) values[3 * i + j] = static_cast<float>(i + j);
+    }
+    for (int64_t b = 0; b < n; b += 1000) {
+      CHECK_OK(t->Insert(keys.data() + b, 1000, values.data() + 3 * b, nullptr, serial));
+    }
+    VectorSink one(3), many(3);
+    CHECK_OK(t->Export(&one, serial));
+    CHECK_OK(t->Export(&many, threads));
+    CHECK(one.n == t->Size() && many.n == one.n);
+    CHECK(one.keys == many.keys && one.values == many.values && one.scores == many.scores);
   }
 }
 
@@ -1188,7 +1213,7 @@ void TestApplyRuleConcurrent() {
     for (int r = 0; r < rounds; ++r) CHECK_OK(t->ApplyRule(keys.data(), n, zero.data(), step, runner));
   });
   VectorSink sink(1);
-  CHECK_OK(t->Export(&sink));
+  CHECK_OK(t->Export(&sink, SerialRunner()));
   CHECK(sink.n == n);
   for (int i = 0; i < n; ++i) CHECK(sink.values[i] == static_cast<float>(threads * rounds));
 }
@@ -1224,6 +1249,7 @@ int main() {
       {"lowered_scores_and_ties", [&] { TestLoweredScoresAndTies(serial); }},
       {"stale_heap_under_find_refresh", [&] { TestStaleHeapUnderFindRefresh(serial); }},
       {"concurrent_bounded", TestConcurrentBounded},
+      {"parallel_export", TestParallelExport},
       {"apply_rule/serial", [&] { TestApplyRule(serial); }},
       {"apply_rule/threads", [&] { TestApplyRule(threads); }},
       {"apply_rule_errors", TestApplyRuleErrors},
