@@ -53,16 +53,21 @@ The shard in [0, num_shards) of each key: a stable hash of the key (int32 keys
 widened to int64 first), the same on every machine and TF build.
 )doc");
 
+// What a key's drawn row depends on besides the key: the same for both ops, so
+// that DynembKeyedRandomFill draws DynembKeyedRandom's rows.
+#define DYNEMB_KEYED_RANDOM_ATTRS                                       \
+  .Attr("Tkey: {int32, int64, string}")                                 \
+  .Attr("dim: int >= 1")                                                \
+  .Attr("seed: int")                                                    \
+  .Attr("distribution: {'uniform', 'normal', 'truncated_normal'}")      \
+  .Attr("a: float")                                                     \
+  .Attr("b: float")                                                     \
+  .Attr("dtype: {float, double}")
+
 REGISTER_OP("DynembKeyedRandom")
     .Input("keys: Tkey")
     .Output("rows: dtype")
-    .Attr("Tkey: {int32, int64, string}")
-    .Attr("dim: int >= 1")
-    .Attr("seed: int")
-    .Attr("distribution: {'uniform', 'normal', 'truncated_normal'}")
-    .Attr("a: float")
-    .Attr("b: float")
-    .Attr("dtype: {float, double}")
+    DYNEMB_KEYED_RANDOM_ATTRS
     .SetShapeFn(KeyedRandomShape)
     .Doc(R"doc(
 keys.shape + [dim] random rows, each depending only on (seed, key): uniform in
@@ -74,18 +79,14 @@ REGISTER_OP("DynembKeyedRandomFill")
     .Input("exists: bool")
     .Input("keys: Tkey")
     .Output("filled: dtype")
-    .Attr("Tkey: {int32, int64, string}")
-    .Attr("dim: int >= 1")
-    .Attr("seed: int")
-    .Attr("distribution: {'uniform', 'normal', 'truncated_normal'}")
-    .Attr("a: float")
-    .Attr("b: float")
-    .Attr("dtype: {float, double}")
+    DYNEMB_KEYED_RANDOM_ATTRS
     .SetShapeFn(KeyedRandomFillShape)
     .Doc(R"doc(
 `values` (keys.shape + [dim]) with the row of every key whose `exists` is false
 replaced by DynembKeyedRandom's row of that key (same attrs, same row): what a
 lookup returns once the keys it missed get their initial rows.
 )doc");
+
+#undef DYNEMB_KEYED_RANDOM_ATTRS
 
 }  // namespace dynemb
