@@ -1,0 +1,65 @@
+"""Cost of one `keras_train.py` training step of ours: wall time, CPU time and page faults.
+
+    python benchmarks/step_cost.py [--layout per-feature|shared] [--steady]
+        [--warmup 40] [--steps 40]
+
+Trains `keras_train.py`'s model (our layers, Adam, batch 4096) with `model.fit` in this
+process and reads, after each step, the clock and `getrusage` (CPU seconds, system
+seconds, minor page faults of the whole process). Prints the means over the steps after
+`--warmup`. Growing regime (default): every batch is new, ~26k new keys per step;
+`--steady`: the batches cycle over 20, so after the first 20 steps no key is new.
+A diagnostic, not a target: page faults per step say how much of a step is first
+touches of new memory, which cost 3-12 us each on the development VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import keras_train  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layout", default="per-feature", choices=["per-feature", "shared"])
+    p.add_argument("--steady", action="store_true")
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--steps", type=int, default=40)
+    args = p.parse_args()
+
+    import numpy as np
+    import tensorflow as tf
+
+    total = args.warmup + args.steps
+    ids, labels = keras_train.make_batches(20 if args.steady else total, layout=args.layout)
+    if args.layout == "shared":
+        features = ids
+    else:
+        features = tuple(np.ascontiguousarray(ids[:, :, i : i + 1]) for i in range(keras_train.FEATURES))
+    ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().prefetch(2)
+    model = keras_train.build_model("ours", args.layout)
+    marks = []
+
+    class Probe(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            marks.append((time.perf_counter(), usage.ru_utime + usage.ru_stime, usage.ru_stime,
+                          usage.ru_minflt))
+
+    model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[Probe()])
+    first, last = marks[args.warmup - 1], marks[-1]
+    steps = len(marks) - args.warmup
+    wall, cpu, system, faults = ((b - a) / steps for a, b in zip(first, last))
+    regime = "steady" if args.steady else "growing"
+    print(f"{args.layout} {regime}, TF {tf.__version__} ({'tf_keras' if os.environ.get('TF_USE_LEGACY_KERAS') == '1' else 'Keras 3'}): "
+          f"{wall * 1e3:.1f} ms/step, CPU {cpu * 1e3:.1f} ms/step (system {system * 1e3:.1f}), "
+          f"{faults:.0f} page faults/step")
+
+
+if __name__ == "__main__":
+    main()
