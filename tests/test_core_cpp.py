@@ -25,14 +25,25 @@ SANITIZERS = {
 }
 
 
+def _run_core_tests(sanitizer, env):
+    flags, sanitizer_env = SANITIZERS[sanitizer]
+    sources = core_ext.core_sources() + [core_ext.REPO / "cc/core/tests/core_test.cc"]
+    binary = core_ext.build(sources, f"core_test_{sanitizer}", shared=False, flags=flags)
+    proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=900,
+                          check=False, env={**os.environ, **sanitizer_env, **env})
+    assert proc.returncode == 0, f"{binary} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "all core tests passed" in proc.stdout
+    return proc.stdout
+
+
 @pytest.mark.parametrize("sanitizer", list(SANITIZERS))
 def test_core_cpp_binary(sanitizer):
     if sanitizer != "none" and os.environ.get("DYNEMB_CORE_SANITIZERS") != "1":
         pytest.skip("set DYNEMB_CORE_SANITIZERS=1 to run the core tests under sanitizers")
-    flags, env = SANITIZERS[sanitizer]
-    sources = core_ext.core_sources() + [core_ext.REPO / "cc/core/tests/core_test.cc"]
-    binary = core_ext.build(sources, f"core_test_{sanitizer}", shared=False, flags=flags)
-    proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=900,
-                          check=False, env={**os.environ, **env})
-    assert proc.returncode == 0, f"{binary} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    assert "all core tests passed" in proc.stdout
+    _run_core_tests(sanitizer, {})
+
+
+def test_huge_pages_can_be_turned_off():
+    """DYNEMB_HUGE_PAGES=0 leaves the big arrays' mappings unadvised (docs/tables.md)."""
+    out = _run_core_tests("none", {"DYNEMB_HUGE_PAGES": "0", "CORE_TEST_ONLY": "huge_page_advice"})
+    assert "[  OK  ] huge_page_advice" in out

@@ -38,6 +38,10 @@
 //       never values; freed rows go to a free list.
 //   Growth doubles one shard's slot array when it passes 3/4 load. Shards grow
 //   independently, so a rehash stalls 1/kNumShards of the table briefly.
+//   A large table's row chunks and slot arrays live in 2 MiB-aligned mappings
+//   advised for transparent huge pages (cpu/huge_pages.h): one TLB entry per
+//   2 MiB instead of per 4 KiB for the random reads of a lookup, and 512x
+//   fewer page faults for fresh rows.
 //
 // Locking
 //   One reader-writer lock per shard. Find takes shared locks (readers never

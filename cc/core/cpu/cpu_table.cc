@@ -138,7 +138,8 @@ struct HeapAfter {
 
 struct alignas(64) Shard {
   mutable std::shared_mutex mu;
-  std::unique_ptr<uint64_t[]> slots;
+  SlotArrayPool* slot_pool = nullptr;  // the table's; set once, before ResetSlots
+  std::unique_ptr<uint64_t[], SlotArrayDeleter> slots;
   uint64_t num_slots = 0;  // a power of two
   std::atomic<int64_t> size{0};
   RowSlab rows;
@@ -153,7 +154,8 @@ struct alignas(64) Shard {
     return static_cast<uint64_t>(keys) * 4 > num_slots * 3;
   }
   void ResetSlots(uint64_t n) {
-    slots.reset(new uint64_t[n]);
+    slots = std::unique_ptr<uint64_t[], SlotArrayDeleter>(slot_pool->Allocate(n),
+                                                          SlotArrayDeleter{slot_pool, n});
     std::fill_n(slots.get(), n, kEmptySlot);
     num_slots = n;
   }
@@ -255,7 +257,8 @@ class CpuTable final : public Table {
     value_offset_ = age_offset_ + (bounded_ ? sizeof(uint64_t) : 0);
     stride_ = RoundUp8(value_offset_ + value_bytes_);
     for (int s = 0; s < kNumShards; ++s) {
-      shards_[s].rows.Init(stride_);
+      shards_[s].rows.Init(stride_, &chunk_arena_);
+      shards_[s].slot_pool = &slot_pool_;
       shards_[s].ResetSlots(InitialShardSlots());
       SetHint(s, kNoEntryKey);
     }
@@ -469,6 +472,7 @@ class CpuTable final : public Table {
       shard.heap_built = false;
       SetHint(s, kNoEntryKey);
     }
+    chunk_arena_.Release();  // every shard's rows are gone
     // Subtract rather than store 0: with every lock held no pass is running,
     // but the order of the two counters must stay size_ <= reserved_.
     size_.fetch_sub(removed, std::memory_order_relaxed);
@@ -1269,7 +1273,7 @@ class CpuTable final : public Table {
   // Doubles the slot array. Slots carry their hash bits, so rows are not read.
   static void Grow(Shard& shard) {
     const uint64_t old_n = shard.num_slots;
-    std::unique_ptr<uint64_t[]> old = std::move(shard.slots);
+    std::unique_ptr<uint64_t[], SlotArrayDeleter> old = std::move(shard.slots);
     shard.ResetSlots(old_n * 2);
     const uint64_t mask = shard.mask();
     for (uint64_t i = 0; i < old_n; ++i) {
@@ -1460,6 +1464,10 @@ class CpuTable final : public Table {
   size_t age_offset_ = 0;  // bounded tables only
   size_t value_offset_ = 0;
   size_t stride_ = 0;
+  // The shards' big row chunks and slot arrays (huge pages). Declared before
+  // shards_ so they outlive every row and slot array.
+  ChunkArena chunk_arena_;
+  SlotArrayPool slot_pool_;
   std::unique_ptr<Shard[]> shards_;
 
   // Keys in the table, as published by finished passes (Size()).

@@ -3,7 +3,9 @@
 //
 // Chunk k holds 16 << k rows up to 1024 rows per chunk, so a shard with few
 // keys stays small (a table of a thousand keys spread over 256 shards does
-// not reserve 256 big chunks) while a large shard wastes < 1024 rows.
+// not reserve 256 big chunks) while a large shard wastes < 1024 rows. The
+// small chunks are the slab's own allocations; the 1024-row ones come from the
+// table's ChunkArena (huge pages), which owns and frees them.
 // Not thread-safe: the owning shard's lock protects it.
 
 #ifndef DYNEMB_CORE_CPU_ROW_SLAB_H_
@@ -13,6 +15,8 @@
 #include <memory>
 #include <vector>
 
+#include "cc/core/cpu/huge_pages.h"
+
 namespace dynemb {
 
 class RowSlab {
@@ -20,13 +24,17 @@ class RowSlab {
   // Row indices are uint32; this one is never handed out (it marks empty slots).
   static constexpr uint32_t kInvalidRow = 0xffffffffu;
 
-  void Init(size_t stride) { stride_ = stride; }
+  // `arena` supplies the big chunks and must outlive the slab's rows.
+  void Init(size_t stride, ChunkArena* arena) {
+    stride_ = stride;
+    arena_ = arena;
+  }
   size_t stride() const { return stride_; }
 
   char* Row(uint32_t index) const {
     uint32_t chunk, offset;
     Locate(index, &chunk, &offset);
-    return chunks_[chunk].get() + static_cast<size_t>(offset) * stride_;
+    return chunks_[chunk] + static_cast<size_t>(offset) * stride_;
   }
 
   // Whether `index` is a row of the slab (allocated at some point since the
@@ -44,19 +52,20 @@ class RowSlab {
     if (high_water_ == kInvalidRow) return false;
     uint32_t chunk, offset;
     Locate(high_water_, &chunk, &offset);
-    if (chunk == chunks_.size()) {
-      chunks_.emplace_back(new char[ChunkRows(chunk) * stride_]);
-    }
+    if (chunk == chunks_.size()) AddChunk(chunk);
     *index = high_water_++;
     return true;
   }
 
   void Free(uint32_t index) { free_.push_back(index); }
 
-  // Releases every row (the caller has destroyed non-trivial keys).
+  // Releases every row (the caller has destroyed non-trivial keys). The big
+  // chunks stay mapped until the caller releases the arena.
   void Reset() {
     chunks_.clear();
     chunks_.shrink_to_fit();
+    small_chunks_.clear();
+    small_chunks_.shrink_to_fit();
     free_.clear();
     free_.shrink_to_fit();
     high_water_ = 0;
@@ -64,7 +73,8 @@ class RowSlab {
 
   int64_t MemoryBytes() const {
     int64_t bytes = static_cast<int64_t>(free_.capacity() * sizeof(uint32_t) +
-                                         chunks_.capacity() * sizeof(chunks_[0]));
+                                         chunks_.capacity() * sizeof(chunks_[0]) +
+                                         small_chunks_.capacity() * sizeof(small_chunks_[0]));
     for (size_t k = 0; k < chunks_.size(); ++k) bytes += ChunkRows(k) * stride_;
     return bytes;
   }
@@ -77,6 +87,17 @@ class RowSlab {
 
   static size_t ChunkRows(size_t chunk) {
     return chunk < kGrowingChunks ? (kFirstChunkRows << chunk) : kBigChunkRows;
+  }
+
+  void AddChunk(size_t chunk) {
+    const size_t bytes = ChunkRows(chunk) * stride_;
+    chunks_.reserve(chunks_.size() + 1);  // so push_back cannot throw after the allocation
+    if (chunk < kGrowingChunks) {
+      small_chunks_.emplace_back(new char[bytes]);
+      chunks_.push_back(small_chunks_.back().get());
+    } else {
+      chunks_.push_back(arena_->Allocate(bytes));
+    }
   }
 
   static void Locate(uint32_t index, uint32_t* chunk, uint32_t* offset) {
@@ -93,7 +114,9 @@ class RowSlab {
   }
 
   size_t stride_ = 0;
-  std::vector<std::unique_ptr<char[]>> chunks_;
+  ChunkArena* arena_ = nullptr;
+  std::vector<char*> chunks_;  // every chunk, in row order
+  std::vector<std::unique_ptr<char[]>> small_chunks_;  // the first kGrowingChunks, owned here
   std::vector<uint32_t> free_;
   uint32_t high_water_ = 0;
 };

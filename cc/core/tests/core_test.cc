@@ -21,9 +21,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 #include <mutex>
 #include <stdexcept>
 #include <memory>
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "cc/core/cpu/huge_pages.h"
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
@@ -380,6 +383,139 @@ void TestStringsAndGrowth(const Runner& runner) {
     return Status(StatusCode::kInternal, "stop");
   });
   CHECK(stop.code() == StatusCode::kInternal && stop.message() == "stop");
+}
+
+// ChunkArena: chunks are 64-byte aligned, blocks 2 MiB aligned, a chunk
+// larger than a block gets a block of its own, and Release unmaps them all.
+void TestChunkArena() {
+  ChunkArena arena;
+  char* a = arena.Allocate(100);
+  char* b = arena.Allocate(1000);
+  CHECK(reinterpret_cast<uintptr_t>(a) % kHugePageBytes == 0);  // a new block
+  CHECK(b == a + 128);  // bump allocation, rounded to 64 bytes
+  char* big = arena.Allocate(ChunkArena::kBlockBytes + 1);
+  CHECK(reinterpret_cast<uintptr_t>(big) % kHugePageBytes == 0);
+  std::memset(a, 1, 100);
+  std::memset(b, 2, 1000);
+  std::memset(big, 3, ChunkArena::kBlockBytes + 1);
+  CHECK(a[99] == 1 && b[999] == 2 && big[ChunkArena::kBlockBytes] == 3);
+  arena.Release();
+  char* again = arena.Allocate(64);
+  std::memset(again, 4, 64);
+  CHECK(again[63] == 4);
+}
+
+// Tables past ~258k keys take their rows from the arena (1024-row chunks)
+// and their slot arrays from the pool; Clear releases them and the table
+// fills again. String keys, so the keys'
+// own heap memory is destroyed before the chunks go.
+// Whether the mapping that holds `p` is advised for huge pages ("hg" among its
+// VmFlags in /proc/self/smaps). Sets *known = false where smaps is missing.
+bool AdvisedForHugePages(const void* p, bool* known) {
+  std::ifstream smaps("/proc/self/smaps");
+  *known = smaps.good();
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    uintptr_t start = 0, end = 0;
+    char dash = 0;
+    std::istringstream header(line);
+    if (header >> std::hex >> start >> dash >> end && dash == '-') {
+      inside = start <= address && address < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      std::istringstream flags(line.substr(8));
+      std::string flag;
+      while (flags >> flag) {
+        if (flag == "hg") return true;
+      }
+      return false;
+    }
+  }
+  return false;
+}
+
+// The arena's blocks are advised for huge pages unless DYNEMB_HUGE_PAGES=0
+// (tests/test_core_cpp.py runs this case both ways).
+void TestHugePageAdvice() {
+  const char* env = std::getenv("DYNEMB_HUGE_PAGES");
+  const bool wanted = env == nullptr || std::strcmp(env, "0") != 0;
+  ChunkArena arena;
+  SlotArrayPool pool;
+  char* chunk = arena.Allocate(4096);
+  uint64_t* slots = pool.Allocate((128 << 10) / 8);
+  bool known = false;
+  const bool chunk_advised = AdvisedForHugePages(chunk, &known);
+  if (!known) return;  // no /proc: nothing to read the advice from
+  CHECK(chunk_advised == wanted);
+  CHECK(AdvisedForHugePages(slots, &known) == wanted);
+  pool.Free(slots, (128 << 10) / 8);
+}
+
+// SlotArrayPool: small arrays come from new[], mid-sized ones share 2 MiB
+// blocks (a freed array is handed out again; a block whose arrays are all
+// freed is unmapped), big ones have mappings of their own.
+void TestSlotArrayPool() {
+  SlotArrayPool pool;
+  const uint64_t small = 1024, mid = (64 << 10) / 8, big = (4 << 20) / 8;
+  uint64_t* s = pool.Allocate(small);
+  uint64_t* b = pool.Allocate(big);
+  CHECK(reinterpret_cast<uintptr_t>(b) % kHugePageBytes == 0);
+  std::vector<uint64_t*> mids;
+  for (int i = 0; i < 40; ++i) mids.push_back(pool.Allocate(mid));  // 32 a block: two blocks
+  std::fill_n(s, small, 1);
+  std::fill_n(b, big, 2);
+  for (uint64_t* m : mids) std::fill_n(m, mid, 3);
+  CHECK(reinterpret_cast<uintptr_t>(mids[0]) % kHugePageBytes == 0);
+  CHECK(mids[1] == mids[0] + mid);  // the same block
+  uint64_t* freed = mids[5];
+  pool.Free(freed, mid);
+  CHECK(pool.Allocate(mid) == freed);  // reused
+  // Free the first block's arrays (unmapped with its last one), then more.
+  for (int i = 0; i < 32; ++i) pool.Free(mids[i], mid);
+  for (int i = 0; i < 40; ++i) {
+    uint64_t* m = pool.Allocate(mid);
+    std::fill_n(m, mid, 4);
+    mids.push_back(m);
+  }
+  for (size_t i = 32; i < mids.size(); ++i) CHECK(mids[i][mid - 1] == (i < 40 ? 3u : 4u));
+  for (size_t i = 32; i < mids.size(); ++i) pool.Free(mids[i], mid);
+  CHECK(s[small - 1] == 1 && b[big - 1] == 2);
+  pool.Free(s, small);
+  pool.Free(b, big);
+}
+
+void TestBigChunks(const Runner& runner, int64_t init_capacity) {
+  TableOptions o;
+  o.key_type = KeyType::kString;
+  o.value_type = ValueType::kFloat32;
+  o.dim = 2;
+  o.init_capacity = init_capacity;
+  Status status;
+  std::unique_ptr<Table> t = NewCpuTable(o, &status);
+  CHECK_OK(status);
+  const int64_t n = 400000;  // ~1,560 rows a shard: every shard has a big chunk
+  std::vector<std::string> storage;
+  storage.reserve(n);
+  for (int64_t i = 0; i < n; ++i) storage.push_back("a-long-enough-feature-id-" + std::to_string(i));
+  std::vector<std::string_view> keys(storage.begin(), storage.end());
+  std::vector<float> values(2 * n), out(2 * n);
+  for (int64_t i = 0; i < 2 * n; ++i) values[i] = static_cast<float>(i);
+  std::vector<char> exists(n);
+  const float def[2] = {-1.f, -1.f};
+  for (int round = 0; round < 2; ++round) {
+    CHECK_OK(t->Insert(keys.data(), n, values.data(), nullptr, runner));
+    CHECK(t->Size() == n);
+    CHECK_OK(t->Find(keys.data(), n, out.data(), reinterpret_cast<bool*>(exists.data()), def, false,
+                     runner));
+    CHECK(out == values);
+    CHECK(std::all_of(exists.begin(), exists.end(), [](char e) { return e != 0; }));
+    t->Clear();
+    CHECK(t->Size() == 0);
+    CHECK_OK(t->Find(keys.data(), 1000, out.data(), reinterpret_cast<bool*>(exists.data()), def,
+                     false, runner));
+    CHECK(std::none_of(exists.begin(), exists.begin() + 1000, [](char e) { return e != 0; }));
+  }
 }
 
 void TestSaveLoad(const Runner& runner) {
@@ -1235,6 +1371,13 @@ int main() {
       {"int64_basics/threads", [&] { TestInt64Basics(threads); }},
       {"strings_and_growth/serial", [&] { TestStringsAndGrowth(serial); }},
       {"strings_and_growth/threads", [&] { TestStringsAndGrowth(threads); }},
+      {"chunk_arena", TestChunkArena},
+      {"slot_array_pool", TestSlotArrayPool},
+      {"huge_page_advice", TestHugePageAdvice},
+      {"big_chunks/serial", [&] { TestBigChunks(serial, 0); }},
+      {"big_chunks/threads", [&] { TestBigChunks(threads, 0); }},
+      // 16,384 keys a shard: pooled slot arrays of 256 KiB from the start.
+      {"big_chunks/pooled_slots", [&] { TestBigChunks(threads, int64_t{1} << 22); }},
       {"save_load", [&] { TestSaveLoad(threads); }},
       {"sharded_load", [&] { TestShardedLoad(threads); }},
       {"partition_is_stable", TestPartitionIsStable},
