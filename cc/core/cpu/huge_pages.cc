@@ -47,7 +47,7 @@ char* ChunkArena::Allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes > left_) {
     const size_t block_bytes = RoundUp(std::max(bytes, kBlockBytes), kHugePageBytes);
-    blocks_.reserve(blocks_.size() + 1);  // so push_back cannot throw and leak the block
+    ReserveForMore(&blocks_, 1);
     Block block{MapHugePages(block_bytes), block_bytes};
     blocks_.push_back(block);
     next_ = block.base;
@@ -83,16 +83,18 @@ uint64_t* SlotArrayPool::Allocate(uint64_t n) {
   std::vector<char*>& free = free_[bytes];
   if (free.empty()) {
     // A new shared block: the first array is handed out, the rest kept.
+    ReserveForMore(&free, kHugePageBytes / bytes);
     char* block = MapHugePages(kHugePageBytes);
-    free.reserve(free.size() + kHugePageBytes / bytes);
     for (size_t offset = kHugePageBytes - bytes; offset > 0; offset -= bytes) {
       free.push_back(block + offset);
     }
     free.push_back(block);
   }
   char* array = free.back();
-  free.pop_back();
+  // Counted before it leaves the free list: if the count's insertion throws,
+  // the array is still the pool's.
   ++in_use_[reinterpret_cast<uintptr_t>(array) & ~(kHugePageBytes - 1)];
+  free.pop_back();
   return reinterpret_cast<uint64_t*>(array);
 }
 

@@ -20,6 +20,7 @@
 #ifndef DYNEMB_CORE_CPU_HUGE_PAGES_H_
 #define DYNEMB_CORE_CPU_HUGE_PAGES_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -29,6 +30,17 @@
 namespace dynemb {
 
 constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+// Makes room for `extra` more elements in `v` before memory is allocated for
+// them, so that the push_backs after the allocation cannot throw (and leak
+// it). Grows geometrically, as push_back would: reserve(size() + extra) alone
+// reallocates on every call.
+template <typename T>
+void ReserveForMore(std::vector<T>* v, size_t extra) {
+  if (v->size() + extra > v->capacity()) {
+    v->reserve(std::max(2 * v->capacity(), v->size() + extra));
+  }
+}
 
 // `bytes` (a multiple of kHugePageBytes) of zeroed memory starting on a 2 MiB
 // boundary, advised for huge pages. Throws std::bad_alloc when the system has

@@ -91,9 +91,10 @@ class RowSlab {
 
   void AddChunk(size_t chunk) {
     const size_t bytes = ChunkRows(chunk) * stride_;
-    chunks_.reserve(chunks_.size() + 1);  // so push_back cannot throw after the allocation
+    ReserveForMore(&chunks_, 1);
     if (chunk < kGrowingChunks) {
-      small_chunks_.emplace_back(new char[bytes]);
+      ReserveForMore(&small_chunks_, 1);
+      small_chunks_.emplace_back(new char[bytes]);  // cannot throw after new[]: room reserved
       chunks_.push_back(small_chunks_.back().get());
     } else {
       chunks_.push_back(arena_->Allocate(bytes));
