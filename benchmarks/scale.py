@@ -61,7 +61,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import loadavg, median, print_result, spawn_child, write_record  # noqa: E402
-from table_ops import (cpu_model, mem_available_bytes, release_freed_memory,  # noqa: E402
+from table_ops import (cpu_model, malloc_free_bytes, mem_available_bytes, release_freed_memory,  # noqa: E402
                        rss_bytes, usable_cores)
 
 GIB = 1 << 30
@@ -163,7 +163,8 @@ def bounded_memory_bound(cap: int, dim: int, batch: int,
              up to the chunk;
              plus 8 bytes per row that may sit in the free list (m - cap / 256);
       slots: 8 bytes x the smallest power of two >= 4/3 m;
-      heap:  24 bytes x (1.25 m + 16) (built at the shard's size, grown by a quarter).
+      heap:  24 bytes x (1.25 m + 16) (built with room for a quarter more entries than
+             the shard holds, grown by a quarter if that fills).
     """
     per_shard = cap / NUM_SHARDS
     most = (cap + batch) / NUM_SHARDS + DRIFT_SIGMAS * math.sqrt(per_shard)
@@ -214,7 +215,7 @@ def run_part(args) -> dict:
     del warm
     release_freed_memory()
 
-    rss0, anon0 = rss_bytes(), rss_bytes("RssAnon")
+    rss0, anon0, free0 = rss_bytes(), rss_bytes("RssAnon"), malloc_free_bytes()
     table = new_table()
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
@@ -255,6 +256,7 @@ def run_part(args) -> dict:
                * 1e6 / (hi - lo),
                "user_s_per_1m": (r1.ru_utime - r0.ru_utime) * 1e6 / (hi - lo),
                "rss_delta": rss_bytes() - rss0, "rss_anon_delta": rss_bytes("RssAnon") - anon0,
+               "malloc_free": malloc_free_bytes(),
                "minflt": r1.ru_minflt - r0.ru_minflt,
                "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
                "load": loadavg()}
@@ -279,7 +281,7 @@ def run_part(args) -> dict:
               "cap": args.cap if bounded else 0, "dim": dim, "batch": batch,
               "threads": args.threads, "windows": windows, "stopped": stopped,
               "rss_delta_trimmed": rss_trimmed, "vm_hwm": rss_bytes("VmHWM"),
-              "rss_start": rss0}
+              "rss_start": rss0, "malloc_free_start": free0}
     inserted = windows[-1]["inserted"] if windows else 0
     if inserted:
         result["lookup"] = lookup_sample(tf, lookup_fn, args, inserted, row, bounded)
@@ -482,6 +484,11 @@ def print_part(res, every: int) -> None:
               f"({res['rss_delta_trimmed'] / res['cap']:.1f} B/key of max_capacity), peak +"
               f"{max(w['rss_delta'] for w in ws) / GIB:.2f} GiB; documented bound "
               f"{b / GIB:.2f} GiB ({b / res['cap']:.1f} B/key)")
+        peak = max(ws, key=lambda w: w["rss_delta"])
+        if peak.get("malloc_free") is not None and res.get("malloc_free_start") is not None:
+            held = peak["malloc_free"] - res["malloc_free_start"]
+            print(f"  at the peak ({peak['inserted']:,} keys inserted) malloc held "
+                  f"{held / GIB:+.3f} GiB more free memory than at the start (mallinfo2)")
     lk = res.get("lookup")
     if lk:
         rates = ", ".join(f"{lk['keys'] / x / 1e6:.2f}" for x in lk["s"])

@@ -126,16 +126,38 @@ def mem_available_bytes() -> int:
 _LIBC = None
 
 
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL("libc.so.6")
+    return _LIBC
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_free_bytes():
+    """Bytes glibc malloc holds free in its arenas (mallinfo2's fordblks, all arenas):
+    memory the process's RSS may include although nothing uses it. None without glibc
+    2.33+."""
+    try:
+        mallinfo2 = _libc().mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    return int(mallinfo2().fordblks)
+
+
 def release_freed_memory() -> None:
     """Collects garbage and hands freed heap pages back to the OS (glibc malloc_trim),
     so that the RSS measured before a table is created does not include pages a later
     allocation could silently reuse."""
-    global _LIBC
     gc.collect()
     try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):
         pass
 

@@ -1060,7 +1060,11 @@ class CpuTable final : public Table {
 
   void BuildHeap(Shard& shard) {
     shard.heap.clear();
-    shard.heap.reserve(static_cast<size_t>(shard.size.load(std::memory_order_relaxed)) + 16);
+    // Room for a quarter more than the shard holds: new keys push entries
+    // before their victims' entries are popped, and a heap that grew here
+    // would leave its old copy (~24 B per key) in malloc's free lists.
+    const auto live = static_cast<size_t>(shard.size.load(std::memory_order_relaxed));
+    shard.heap.reserve(live + live / 4 + 16);
     for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
       const uint64_t slot = shard.slots[pos];
       if (SlotEmpty(slot)) continue;
