@@ -36,8 +36,11 @@
 //       values] in bounded tables) in chunks (no allocation per key). Rows
 //       never move, so growing the slot array rehashes only 8-byte slots,
 //       never values; freed rows go to a free list.
-//   Growth doubles one shard's slot array when it passes 3/4 load. Shards grow
-//   independently, so a rehash stalls 1/kNumShards of the table briefly.
+//   Growth doubles one shard's slot array when it passes 3/4 load; an insert
+//   batch first grows each shard once to hold all of its keys in the batch
+//   (exported keys come sorted by slot, which a small array would cluster).
+//   Shards grow independently, so a rehash stalls 1/kNumShards of the table
+//   briefly.
 //   A large table's row chunks and slot arrays live in 2 MiB-aligned mappings
 //   advised for transparent huge pages (cpu/huge_pages.h): one TLB entry per
 //   2 MiB instead of per 4 KiB for the random reads of a lookup, and 512x

@@ -518,6 +518,66 @@ void TestBigChunks(const Runner& runner, int64_t init_capacity) {
   }
 }
 
+// One insert batch bigger than the table: each shard's slot array is grown
+// once to hold the batch (Presize), with existing and repeated keys in it.
+void TestPresizedBatch(const Runner& runner) {
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1);
+  std::vector<int64_t> keys;
+  std::vector<float> values;
+  for (int64_t k = 0; k < 1000; ++k) {
+    keys.push_back(k);
+    values.push_back(static_cast<float>(k));
+  }
+  CHECK_OK(t->Insert(keys.data(), keys.size(), values.data(), nullptr, runner));
+  keys.clear();
+  values.clear();
+  const int64_t fresh = 250000, repeated = 50000;
+  for (int64_t i = 0; i < fresh; ++i) {  // 500 of them already stored
+    keys.push_back(500 + i);
+    values.push_back(static_cast<float>(2 * (500 + i)));
+  }
+  for (int64_t i = 0; i < repeated; ++i) {  // later in the batch: they win
+    keys.push_back(500 + i);
+    values.push_back(static_cast<float>(3 * (500 + i)));
+  }
+  CHECK_OK(t->Insert(keys.data(), keys.size(), values.data(), nullptr, runner));
+  const int64_t size = 500 + fresh;
+  CHECK(t->Size() == size);
+  std::vector<int64_t> all(size);
+  for (int64_t k = 0; k < size; ++k) all[k] = k;
+  std::vector<float> out(size);
+  std::vector<char> exists(size);
+  const float def = -1.f;
+  CHECK_OK(t->Find(all.data(), size, out.data(), reinterpret_cast<bool*>(exists.data()), &def,
+                   false, runner));
+  for (int64_t k = 0; k < size; ++k) {
+    const float want = static_cast<float>(k < 500 ? k : k < 500 + repeated ? 3 * k : 2 * k);
+    CHECK(exists[k] && out[k] == want);
+  }
+  // The same keys inserted in small batches (slot arrays doubled key by key):
+  // presizing may grow a shard one doubling further (repeats and stored keys
+  // count), never more.
+  auto ref = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1);
+  for (int64_t b = 0; b < size; b += 1000) {
+    CHECK_OK(ref->Insert(all.data() + b, std::min<int64_t>(1000, size - b), out.data() + b,
+                         nullptr, runner));
+  }
+  CHECK(t->Capacity() >= size && t->Capacity() <= 2 * ref->Capacity());
+
+  // A bounded table given a batch far larger than max_capacity (presized to
+  // its share of max_capacity at most) keeps the newest keys.
+  const int64_t cap = 4096, n = 100000;
+  auto bounded = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1, EvictStrategy::kLru, cap);
+  std::vector<int64_t> many(n);
+  std::vector<float> many_values(n, 1.f);
+  for (int64_t i = 0; i < n; ++i) many[i] = 1000000 + i;
+  CHECK_OK(bounded->Insert(many.data(), n, many_values.data(), nullptr, runner));
+  CHECK(bounded->Size() <= cap && bounded->Size() > cap / 2);
+  CHECK_OK(bounded->Find(many.data() + n - 1, 1, out.data(), reinterpret_cast<bool*>(exists.data()),
+                         &def, false, runner));
+  CHECK(exists[0]);  // the batch's last (newest) key stays
+}
+
 void TestSaveLoad(const Runner& runner) {
   auto t = MakeTable(KeyType::kInt32, ValueType::kFloat64, 3, EvictStrategy::kCustomized);
   std::vector<int32_t> keys;
@@ -1378,6 +1438,8 @@ int main() {
       {"big_chunks/threads", [&] { TestBigChunks(threads, 0); }},
       // 16,384 keys a shard: pooled slot arrays of 256 KiB from the start.
       {"big_chunks/pooled_slots", [&] { TestBigChunks(threads, int64_t{1} << 22); }},
+      {"presized_batch/serial", [&] { TestPresizedBatch(serial); }},
+      {"presized_batch/threads", [&] { TestPresizedBatch(threads); }},
       {"save_load", [&] { TestSaveLoad(threads); }},
       {"sharded_load", [&] { TestShardedLoad(threads); }},
       {"partition_is_stable", TestPartitionIsStable},
