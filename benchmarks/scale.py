@@ -16,8 +16,9 @@ Two parts, each in a fresh child process (through `_harness`), each inserting th
 
 Keys are a bijective 64-bit mix (splitmix64's finalizer) of a counter, made per batch
 outside the timed call, so no array of all keys exists. Per batch ("window") it records
-the seconds of the insert call, the process's VmRSS and RssAnon, page faults and CPU
-time; `--print-every` windows are printed. At the end it times lookups of a sample of
+the seconds of the insert call, the process's VmRSS and RssAnon, page faults, CPU
+time and the free memory malloc holds (`mallinfo2`, printed for the bounded part's
+peak); `--print-every` windows are printed. At the end it times lookups of a sample of
 `--lookup-keys` stored keys (batches of 65,536, best of 3) and checks what they return
 (bounded: keys of the last `--cap` inserted are all present, the first batch's are gone).
 
@@ -35,8 +36,8 @@ Verdicts:
 * bounded memory: the RSS growth since before the table was created must stay inside
   the bound of `docs/tables.md` ("Memory of a bounded table"), computed by
   `bounded_memory_bound`: at the end after `malloc_trim` (the table's own memory), and
-  at every window as it is (with freed blocks that malloc kept: old copies of grown
-  eviction heaps, batches' working buffers).
+  at every window as it is (with freed blocks that malloc kept: batches' working
+  buffers, old copies of eviction heaps that grew).
 
 `--fault-probe GIB` only touches GIB GiB of fresh memory and prints the system time
 per page fault: the cost every new page of a growing table pays on this machine.
@@ -61,8 +62,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import loadavg, median, print_result, spawn_child, write_record  # noqa: E402
-from table_ops import (cpu_model, malloc_free_bytes, mem_available_bytes, release_freed_memory,  # noqa: E402
-                       rss_bytes, usable_cores)
+from table_ops import (cpu_model, malloc_free_bytes, mem_available_bytes,  # noqa: E402
+                       release_freed_memory, rss_bytes, usable_cores)
 
 GIB = 1 << 30
 LOOKUP_BATCH = 65536
