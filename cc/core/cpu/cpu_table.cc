@@ -150,9 +150,15 @@ struct alignas(64) Shard {
 
   uint64_t mask() const { return num_slots - 1; }
   // Keep the load factor at or below 3/4: linear probing stays short.
-  bool NeedsGrowthFor(int64_t keys) const {
-    return static_cast<uint64_t>(keys) * 4 > num_slots * 3;
+  static bool Overloaded(int64_t keys, uint64_t slots) {
+    return static_cast<uint64_t>(keys) * 4 > slots * 3;
   }
+  // The smallest power-of-two multiple of `slots` that holds `keys`.
+  static uint64_t SlotsToHold(int64_t keys, uint64_t slots) {
+    while (Overloaded(keys, slots)) slots *= 2;
+    return slots;
+  }
+  bool NeedsGrowthFor(int64_t keys) const { return Overloaded(keys, num_slots); }
   void ResetSlots(uint64_t n) {
     slots = std::unique_ptr<uint64_t[], SlotArrayDeleter>(slot_pool->Allocate(n),
                                                           SlotArrayDeleter{slot_pool, n});
@@ -759,9 +765,7 @@ class CpuTable final : public Table {
 
   uint64_t InitialShardSlots() const {
     const int64_t per_shard = (options_.init_capacity + kNumShards - 1) / kNumShards;
-    uint64_t slots = kMinShardSlots;
-    while (static_cast<uint64_t>(per_shard) * 4 > slots * 3) slots *= 2;
-    return slots;
+    return Shard::SlotsToHold(per_shard, kMinShardSlots);
   }
 
   // Batch positions are uint32 in the shard plan.
@@ -1049,7 +1053,7 @@ class CpuTable final : public Table {
     // Grow by a quarter rather than double: the heap holds ~1 entry per key,
     // and a full table's shards drift only a little in size.
     if (shard.heap.size() == shard.heap.capacity()) {
-      shard.heap.reserve(shard.heap.size() + shard.heap.size() / 4 + 16);
+      shard.heap.reserve(WithQuarterRoom(shard.heap.size()));
     }
     shard.heap.push_back(HeapEntry{score, age, row});
     std::push_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
@@ -1059,13 +1063,16 @@ class CpuTable final : public Table {
     if (shard.heap.size() > 2 * live + 64) BuildHeap(shard);
   }
 
+  // A heap's capacity for `entries`: a quarter more (docs/tables.md's bound).
+  static size_t WithQuarterRoom(size_t entries) { return entries + entries / 4 + 16; }
+
   void BuildHeap(Shard& shard) {
     shard.heap.clear();
     // Room for a quarter more than the shard holds: new keys push entries
     // before their victims' entries are popped, and a heap that grew here
     // would leave its old copy (~24 B per key) in malloc's free lists.
     const auto live = static_cast<size_t>(shard.size.load(std::memory_order_relaxed));
-    shard.heap.reserve(live + live / 4 + 16);
+    shard.heap.reserve(WithQuarterRoom(live));
     for (uint64_t pos = 0; pos < shard.num_slots; ++pos) {
       const uint64_t slot = shard.slots[pos];
       if (SlotEmpty(slot)) continue;
@@ -1289,10 +1296,7 @@ class CpuTable final : public Table {
   void Presize(Shard& shard, int64_t count) {
     int64_t keys = shard.size.load(std::memory_order_relaxed) + count;
     if (bounded_) keys = std::min(keys, (options_.max_capacity + kNumShards - 1) / kNumShards);
-    if (!shard.NeedsGrowthFor(keys)) return;
-    uint64_t n = shard.num_slots;
-    while (static_cast<uint64_t>(keys) * 4 > n * 3) n *= 2;
-    Grow(shard, n);
+    if (shard.NeedsGrowthFor(keys)) Grow(shard, Shard::SlotsToHold(keys, shard.num_slots));
   }
 
   // Moves the slots into a new array of `n` slots (a power of two, larger).
