@@ -1,7 +1,7 @@
 """Training state at scale: memory per key and checkpoint speed/size, ours beside TFRA.
 
     python benchmarks/train_state.py [--keys 10485760] [--dim 16] [--rounds 2]
-        [--impls ours,tfra] [--out benchmarks/results/train_state_tf<version>.json]
+        [--impls ours,tfra] [--no-floor] [--out benchmarks/results/train_state_tf<version>.json]
 
 The state of an Adam-trained embedding of `--keys` keys: the parameter and Adam's two
 slots (`m`, `v`), in each library's own layout, every variable holding the same keys.
@@ -21,6 +21,17 @@ runs in a fresh child process.
   fresh process (timed until their `size()` answers);
   keys/s = keys / seconds (each key carries its three rows), file size = the bytes of
   every file written, beside the payload. The restored sizes are checked.
+- Each child starts after `os.sync()`: a checkpoint of 10M keys is ~2 GB of dirty page
+  cache, and once the machine's dirty pages pass ~10% of memory the kernel throttles the
+  writer to the disk's speed (here 2.2 GB `dd` writes took 1.0 s with nothing dirty and
+  3.9-6.6 s back to back), which would make a save's time depend on its predecessor.
+- the writer's floor (`dense`, checkpoint mode only): dense `tf.Variable`s holding TFRA's
+  bytes per key (an int64 key and a dim-wide float32 row for each of params, m and v),
+  written and read through the same `tf.train.Checkpoint` calls. No table code runs, so
+  it is what TF's checkpoint writer (`SaveV2`, one thread) and reader alone take for
+  these bytes: a save or restore that hands TF whole tensors cannot be faster (the files
+  must hold the bytes; the files target keeps them near the payload). The parent prints
+  this floor's ratio to TFRA (the most such a save can reach) and ours to the floor.
 
 Targets (issue): memory <= 0.5 x TFRA and <= 1.3 x payload; checkpoint throughput
 >= 5 x TFRA (save and restore), files <= 1.1 x payload.
@@ -67,17 +78,37 @@ def _make_vars(impl, dim, tag):
     }
 
 
+def _dense_vars(n, dim, keys=None, row=None):
+    """The writer's floor: `{name: tf.Variable}` with TFRA's bytes per key, every row
+    `row` tiled (zeros and key 0 when not given: a restore overwrites them)."""
+    import tensorflow as tf
+
+    keys = tf.zeros([n], tf.int64) if keys is None else keys
+    rows = tf.zeros([n, dim]) if row is None else tf.tile(row, [-(-n // row.shape[0]), 1])[:n]
+    variables = {}
+    for s in ("params", "m", "v"):
+        variables[f"{s}_keys"] = tf.Variable(keys, name=f"{s}_keys")
+        variables[s] = tf.Variable(rows, name=s)
+    return variables
+
+
+def _sizes(variables):
+    """Rows per variable (a table's size(); a dense variable's first dimension)."""
+    return [int(var.size()) if hasattr(var, "size") else int(var.shape[0]) for var in variables.values()]
+
+
 def run_child(args):
     import numpy as np
     import tensorflow as tf
 
     n, dim, batch = args.keys, args.dim, args.batch
     if args.mode == "restore":
-        variables = _make_vars(args.child, dim, "state")  # the names the checkpoint has
+        # The names (and, dense, the shapes) the checkpoint has.
+        variables = _dense_vars(n, dim) if args.child == "dense" else _make_vars(args.child, dim, "state")
         rss0 = _rss_bytes()
         t0 = time.perf_counter()
         tf.train.Checkpoint(**variables).read(os.path.join(args.ckpt_dir, "ckpt"))
-        sizes = [int(var.size()) for var in variables.values()]  # waits for the restore
+        sizes = _sizes(variables)  # waits for the restore
         restore_s = time.perf_counter() - t0
         print_result({
             "impl": args.child, "mode": "restore", "keys": n, "dim": dim, "tf": tf.__version__,
@@ -87,6 +118,13 @@ def run_child(args):
     rng = np.random.default_rng(0)
     keys = tf.constant(rng.integers(1, 2 ** 62, size=n, dtype=np.int64))
     values = tf.constant(rng.standard_normal((batch, dim), dtype=np.float32))
+    if args.child == "dense":
+        t0 = time.perf_counter()
+        variables = _dense_vars(n, dim, keys, values)
+        _write_checkpoint(args, variables, {"impl": "dense", "mode": args.mode, "keys": n, "dim": dim,
+                                            "tf": tf.__version__, "fill_seconds": time.perf_counter() - t0,
+                                            "sizes": _sizes(variables)})
+        return
     variables = _make_vars(args.child, dim, "state")
     # Rows of each variable's width (ours: the slot state is 2 x dim wide).
     rows = {name: tf.tile(values, [1, var.dim // dim]) for name, var in variables.items()}
@@ -102,22 +140,31 @@ def run_child(args):
             var.upsert(k, rows[name][: tf.shape(k)[0]])
     fill_s = time.perf_counter() - t0
     rss1 = _rss_bytes()
-    sizes = [int(var.size()) for var in variables.values()]
+    sizes = _sizes(variables)
     result.update(fill_seconds=fill_s, sizes=sizes)
     if args.mode == "memory":
         result.update(rss_before=rss0, rss_after=rss1, bytes_per_key=(rss1 - rss0) / sizes[0])
+        print_result(result)
     else:
-        # Written into --ckpt-dir, which the parent hands to a fresh "restore" child.
-        ckpt = tf.train.Checkpoint(**variables)
-        path = os.path.join(args.ckpt_dir, "ckpt")
-        t0 = time.perf_counter()
-        ckpt.write(path)
-        save_s = time.perf_counter() - t0
-        file_bytes = sum(
-            os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.ckpt_dir) for f in files
-        )
-        result.update(save_seconds=save_s, save_keys_per_s=n / save_s, file_bytes=file_bytes,
-                      file_bytes_per_key=file_bytes / n)
+        _write_checkpoint(args, variables, result)
+
+
+def _write_checkpoint(args, variables, result):
+    """Times `tf.train.Checkpoint(**variables).write` into --ckpt-dir (which the parent
+    hands to a fresh "restore" child) and prints `result` with the save's figures."""
+    import tensorflow as tf
+
+    n = args.keys
+    ckpt = tf.train.Checkpoint(**variables)
+    path = os.path.join(args.ckpt_dir, "ckpt")
+    t0 = time.perf_counter()
+    ckpt.write(path)
+    save_s = time.perf_counter() - t0
+    file_bytes = sum(
+        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.ckpt_dir) for f in files
+    )
+    result.update(save_seconds=save_s, save_keys_per_s=n / save_s, file_bytes=file_bytes,
+                  file_bytes_per_key=file_bytes / n)
     print_result(result)
 
 
@@ -128,6 +175,8 @@ def main():
     p.add_argument("--batch", type=int, default=1 << 20)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--impls", default=None)
+    p.add_argument("--no-floor", dest="floor", action="store_false",
+                   help="leave out the writer's floor (dense variables) in checkpoint mode")
     p.add_argument("--modes", default="memory,checkpoint")
     p.add_argument("--tmpdir", default=None, help="where checkpoints are written (default: $TMPDIR)")
     p.add_argument("--out", default=None)
@@ -148,10 +197,16 @@ def main():
     runs = []
     for mode in args.modes.split(","):
         for r in range(args.rounds):
-            for impl in impls if r % 2 == 0 else list(reversed(impls)):
+            mode_impls = impls + ["dense"] if mode == "checkpoint" and args.floor else impls
+            for impl in mode_impls if r % 2 == 0 else list(reversed(mode_impls)):
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", impl,
                        "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
                 ckpt_dir = tempfile.mkdtemp(prefix="dynemb_ckpt_", dir=args.tmpdir)
+                # Every child starts with no dirty page cache: a save writes ~2 GB, and
+                # the kernel throttles a writer to the disk's speed once the dirty pages
+                # pass ~10% of memory, so a save right after another one's files (still
+                # being written back) would time the disk instead of the library.
+                os.sync()
                 try:
                     res = spawn_child(cmd + ["--mode", mode, "--ckpt-dir", ckpt_dir], env)[0]
                     if res is not None and mode == "checkpoint":
@@ -181,7 +236,7 @@ def main():
         return [x for x in runs if x["impl"] == impl and x["mode"] == mode and "error" not in x]
 
     summary = {"payload_bytes_per_key": payload}
-    for impl in impls:
+    for impl in impls + (["dense"] if args.floor else []):
         s = {}
         mem = ok(impl, "memory")
         if mem:
@@ -208,19 +263,36 @@ def main():
     if ours.get("bytes_per_key") and ref.get("bytes_per_key"):
         x = median(ours["bytes_per_key"]) / median(ref["bytes_per_key"])
         verdict("memory <= 0.5 x TFRA", x, x <= 0.5)
+    def per_round_ratios(field, impl, reference):
+        """`impl`'s figure over `reference`'s, per round (a round's children ran back to back)."""
+        ratios = []
+        for r in range(args.rounds):
+            a = [x[field] for x in ok(impl, "checkpoint") if x["round"] == r]
+            b = [x[field] for x in ok(reference, "checkpoint") if x["round"] == r]
+            if a and b:
+                ratios.append(a[0] / b[0])
+        return sorted(ratios)
+
+    def spread(ratios):
+        return ", ".join(f"{v:.2f}" for v in ratios)
+
+    floor = summary.get("dense", {})
     for field, label in (("save_keys_per_s", "save"), ("restore_keys_per_s", "restore")):
         if ours.get(field) and ref.get(field):
-            # Per round, both children of a round ran back to back.
-            ratios = []
-            for r in range(args.rounds):
-                a = [x[field] for x in ok("ours", "checkpoint") if x["round"] == r]
-                b = [x[field] for x in ok("tfra", "checkpoint") if x["round"] == r]
-                if a and b:
-                    ratios.append(a[0] / b[0])
-            summary[f"{label}_ratio_per_round"] = sorted(ratios)
+            ratios = per_round_ratios(field, "ours", "tfra")
+            summary[f"{label}_ratio_per_round"] = ratios
             x = median(ratios)
-            verdict(f"checkpoint {label} >= 5 x TFRA (per-round ratios {', '.join(f'{v:.2f}' for v in sorted(ratios))})",
-                    x, x >= 5)
+            verdict(f"checkpoint {label} >= 5 x TFRA (per-round ratios {spread(ratios)})", x, x >= 5)
+        if floor.get(field) and ref.get(field):
+            # Not a target: the most any tf.train.Checkpoint save/restore of these bytes can reach.
+            ratios = per_round_ratios(field, "dense", "tfra")
+            summary[f"floor_{label}_ratio_per_round"] = ratios
+            print(f"      writer's floor (dense variables, same bytes) / TFRA, {label}: "
+                  f"{median(ratios):.2f} (per round {spread(ratios)})")
+        if floor.get(field) and ours.get(field):
+            ratios = per_round_ratios(field, "ours", "dense")
+            summary[f"ours_to_floor_{label}_ratio_per_round"] = ratios
+            print(f"      ours / writer's floor, {label}: {median(ratios):.2f} (per round {spread(ratios)})")
     summary["verdicts"] = verdicts
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"train_state_tf{tf.__version__}.json")
