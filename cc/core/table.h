@@ -69,7 +69,9 @@
 //   (the best victim's shard and the one it is looking at). It blocks only on
 //   a shard of higher index than every lock it holds, and only tries lower
 //   ones; whole-table operations (Export, Clear) lock all shards ascending.
-//   So the lock order is global and nothing can deadlock.
+//   So the lock order is global and nothing can deadlock. A TableSnapshot
+//   (streaming checkpoints) holds every shard's reader lock, taken ascending,
+//   for its whole life: writers wait meanwhile, readers do not.
 //
 // Bounded tables (max_capacity > 0; HKV's cache semantics)
 //   Size. A global budget counter `reserved` (keys + units reserved by passes
@@ -325,6 +327,25 @@ class ExportSink {
 using ChunkSink = std::function<Status(const void* keys, int64_t n, const void* values,
                                        const uint64_t* scores)>;
 
+// A consistent snapshot of a table that is read in pieces (streaming
+// checkpoints: tensorflow_dynemb/checkpoint.py writes it into TF's bundle
+// files slice by slice). It holds the table's reader locks from
+// Table::Snapshot until it is destroyed: writers wait meanwhile, readers
+// (Find) do not. Unlike ExportChunks its size is known before the first row
+// is read, and every row read is part of the same state.
+class TableSnapshot {
+ public:
+  virtual ~TableSnapshot() = default;
+  // Entries in the snapshot.
+  virtual int64_t size() const = 0;
+  // Entries [begin, end) of the snapshot, in Export's order (bounded tables:
+  // oldest write first), in chunks of at most chunk_rows, each handed to
+  // `sink` as in ExportChunks. Several threads may read disjoint ranges at
+  // once. Returning an error from the sink stops the read.
+  virtual Status Read(int64_t begin, int64_t end, int64_t chunk_rows,
+                      const ChunkSink& sink) const = 0;
+};
+
 // Byte streams for the streaming file format (cc/core/table_io.h).
 class ByteSink {
  public:
@@ -464,6 +485,15 @@ class Table {
   // long. Entries inserted or removed concurrently may or may not be visited;
   // no key is visited twice.
   virtual Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) = 0;
+
+  // Takes a TableSnapshot (above), which holds this table's reader locks
+  // until it is destroyed. Tables whose rows are not in host memory (GPU
+  // tables) answer kFailedPrecondition; their callers export instead.
+  virtual Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) {
+    snapshot->reset();
+    return Status(StatusCode::kFailedPrecondition,
+                  "this table cannot lend a snapshot of its rows; export it instead");
+  }
 };
 
 // Creates a CPU table; returns nullptr and sets *status on invalid options.

@@ -524,18 +524,15 @@ class CpuTable final : public Table {
       });
       return Status::Ok();
     }
-    // Oldest write first over the whole table: importing the export (as a
-    // checkpoint restore does) gives the rows ages in the same relative
-    // order, so the restored table breaks score ties as the saved one would.
-    std::vector<std::pair<uint64_t, const char*>> order;
-    order.reserve(static_cast<size_t>(n));
-    for (int s = 0; s < kNumShards; ++s) {
-      ForEachRowInSlotOrder(shards_[s], [&](const char* r) { order.emplace_back(Age(r), r); });
-    }
-    std::sort(order.begin(), order.end());
+    const std::vector<std::pair<uint64_t, const char*>> order = RowsOldestFirst(n);
     parallel(n, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) emit(i, order[i].second);
     });
+    return Status::Ok();
+  }
+
+  Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) override {
+    *snapshot = std::make_unique<CpuSnapshot>(*this);
     return Status::Ok();
   }
 
@@ -643,6 +640,92 @@ class CpuTable final : public Table {
       return status;
     });
   }
+
+  // A bounded table's rows (all shards locked by the caller; n of them), oldest
+  // write first: importing an export in this order (as a checkpoint restore
+  // does) gives the rows ages in the same relative order, so the restored
+  // table breaks score ties as the saved one would.
+  std::vector<std::pair<uint64_t, const char*>> RowsOldestFirst(int64_t n) const {
+    std::vector<std::pair<uint64_t, const char*>> order;
+    order.reserve(static_cast<size_t>(n));
+    for (int s = 0; s < kNumShards; ++s) {
+      ForEachRowInSlotOrder(shards_[s], [&](const char* r) { order.emplace_back(Age(r), r); });
+    }
+    std::sort(order.begin(), order.end());
+    return order;
+  }
+
+  // TableSnapshot of a CPU table: every shard's reader lock, held for the
+  // snapshot's life, and the rows in Export's order (shard by shard in slot
+  // order; bounded tables oldest write first).
+  class CpuSnapshot final : public TableSnapshot {
+   public:
+    explicit CpuSnapshot(const CpuTable& table)
+        : table_(table), locks_(table.LockAll<std::shared_lock>()) {
+      offset_[0] = 0;
+      for (int s = 0; s < kNumShards; ++s) {
+        offset_[s + 1] = offset_[s] + table.shards_[s].size.load(std::memory_order_relaxed);
+      }
+      if (table.bounded_) order_ = table.RowsOldestFirst(size());
+    }
+
+    int64_t size() const override { return offset_[kNumShards]; }
+
+    Status Read(int64_t begin, int64_t end, int64_t chunk_rows,
+                const ChunkSink& sink) const override {
+      if (begin < 0 || begin > end || end > size()) {
+        return InvalidArgument("snapshot rows [" + std::to_string(begin) + ", " +
+                               std::to_string(end) + ") are outside [0, " +
+                               std::to_string(size()) + ")");
+      }
+      if (chunk_rows < 1) {
+        return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
+      }
+      const size_t cap = static_cast<size_t>(std::min(chunk_rows, std::max<int64_t>(end - begin, 1)));
+      const size_t value_bytes = table_.value_bytes_;
+      std::vector<In> keys;  // string keys are viewed in place: the locks keep them alive
+      keys.reserve(cap);
+      std::vector<char> values(cap * value_bytes);
+      std::vector<uint64_t> scores;
+      scores.reserve(cap);
+      Status status;
+      const auto flush = [&]() {
+        if (!status.ok() || keys.empty()) return;
+        status = sink(keys.data(), static_cast<int64_t>(keys.size()), values.data(), scores.data());
+        keys.clear();
+        scores.clear();
+      };
+      const auto emit = [&](const char* r) {
+        std::memcpy(values.data() + keys.size() * value_bytes, r + table_.value_offset_,
+                    value_bytes);
+        keys.push_back(Traits::View(r));
+        scores.push_back(AtomicLoadScore(r + table_.score_offset_));
+        if (keys.size() == cap) flush();
+      };
+      if (table_.bounded_) {
+        for (int64_t i = begin; i < end && status.ok(); ++i) emit(order_[i].second);
+      } else {
+        // Row i of the snapshot is row i - offset_[s] of shard s in slot order.
+        for (int s = 0; s < kNumShards && status.ok(); ++s) {
+          if (offset_[s + 1] <= begin || offset_[s] == offset_[s + 1]) continue;
+          if (offset_[s] >= end) break;
+          int64_t i = offset_[s];
+          table_.ForEachRowInSlotOrder(table_.shards_[s], [&](const char* r) {
+            if (i >= begin && i < end && status.ok()) emit(r);
+            ++i;
+          });
+        }
+      }
+      flush();
+      return status;
+    }
+
+   private:
+    const CpuTable& table_;
+    std::vector<std::shared_lock<std::shared_mutex>> locks_;
+    std::array<int64_t, kNumShards + 1> offset_;
+    std::vector<std::pair<uint64_t, const char*>> order_;  // bounded tables
+  };
 
   // Calls fn(row) for every entry of `shard` (locked by the caller).
   template <typename Fn>

@@ -1256,29 +1256,122 @@ void TestConcurrentBounded() {
   }
 }
 
+// A dim-3 float32 LRU table (bounded if max_capacity > 0) after inserting keys
+// i * 2654435761 with rows [i, i + 1, i + 2], i < 20,000, in batches of 1,000;
+// `values` gets those rows.
+std::unique_ptr<Table> Filled20kTable(int64_t max_capacity, std::vector<float>* values) {
+  SerialRunner serial;
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 3, EvictStrategy::kLru, max_capacity);
+  const int64_t n = 20000;
+  std::vector<int64_t> keys(n);
+  values->resize(3 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = i * 2654435761LL;
+    for (int j = 0; j < 3; ++j) (*values)[3 * i + j] = static_cast<float>(i + j);
+  }
+  for (int64_t b = 0; b < n; b += 1000) {
+    CHECK_OK(t->Insert(keys.data() + b, 1000, values->data() + 3 * b, nullptr, serial));
+  }
+  return t;
+}
+
 // Export copies shards (or, bounded, ranges of the age order) in parallel:
 // the result is the serial one, entry for entry.
 void TestParallelExport() {
   ThreadRunner threads(3);
   SerialRunner serial;
   for (const int64_t max_capacity : {int64_t{0}, int64_t{15000}}) {
-    auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 3, EvictStrategy::kLru, max_capacity);
-    const int64_t n = 20000;
-    std::vector<int64_t> keys(n);
-    std::vector<float> values(3 * n);
-    for (int64_t i = 0; i < n; ++i) {
-      keys[i] = i * 2654435761LL;
-      for (int j = 0; j < 3; ++j) values[3 * i + j] = static_cast<float>(i + j);
-    }
-    for (int64_t b = 0; b < n; b += 1000) {
-      CHECK_OK(t->Insert(keys.data() + b, 1000, values.data() + 3 * b, nullptr, serial));
-    }
+    std::vector<float> values;
+    auto t = Filled20kTable(max_capacity, &values);
     VectorSink one(3), many(3);
     CHECK_OK(t->Export(&one, serial));
     CHECK_OK(t->Export(&many, threads));
     CHECK(one.n == t->Size() && many.n == one.n);
     CHECK(one.keys == many.keys && one.values == many.values && one.scores == many.scores);
   }
+}
+
+// Snapshot: the size is known up front, Read gives Export's rows in Export's
+// order (also in ranges read by several threads at once), bad ranges and sink
+// errors come back as errors, and writers wait until the snapshot is gone.
+void TestSnapshot() {
+  SerialRunner serial;
+  for (const int64_t max_capacity : {int64_t{0}, int64_t{15000}}) {
+    std::vector<float> values;
+    auto t = Filled20kTable(max_capacity, &values);
+    VectorSink expected(3);
+    CHECK_OK(t->Export(&expected, serial));
+    std::unique_ptr<TableSnapshot> snap;
+    CHECK_OK(t->Snapshot(&snap));
+    CHECK(snap != nullptr && snap->size() == expected.n);
+    const int64_t m = snap->size();
+    // Three ranges on three threads, each in chunks of 7 rows.
+    std::vector<int64_t> got_keys(m);
+    std::vector<float> got_values(3 * m);
+    std::vector<uint64_t> got_scores(m);
+    const int64_t bounds[] = {0, m / 3, m / 3 + 1, m};
+    std::vector<std::thread> readers;
+    for (int p = 0; p < 3; ++p) {
+      readers.emplace_back([&, p] {
+        int64_t at = bounds[p];
+        CHECK_OK(snap->Read(bounds[p], bounds[p + 1], 7,
+                            [&](const void* k, int64_t rows, const void* v, const uint64_t* sc) {
+                              CHECK(rows >= 1 && rows <= 7);
+                              std::memcpy(&got_keys[at], k, rows * sizeof(int64_t));
+                              std::memcpy(&got_values[3 * at], v, rows * 3 * sizeof(float));
+                              std::memcpy(&got_scores[at], sc, rows * sizeof(uint64_t));
+                              at += rows;
+                              return Status::Ok();
+                            }));
+        CHECK(at == bounds[p + 1]);
+      });
+    }
+    for (auto& r : readers) r.join();
+    CHECK(got_keys == expected.keys && got_values == expected.values &&
+          got_scores == expected.scores);
+    // An empty range calls nothing; a range past the end is an error.
+    CHECK_OK(snap->Read(5, 5, 7, [](const void*, int64_t, const void*, const uint64_t*) {
+      CHECK(false);
+      return Status::Ok();
+    }));
+    CHECK(snap->Read(0, m + 1, 7, nullptr).code() == StatusCode::kInvalidArgument);
+    CHECK(snap->Read(0, m, 0, nullptr).code() == StatusCode::kInvalidArgument);
+    Status stop = snap->Read(0, m, 10, [](const void*, int64_t, const void*, const uint64_t*) {
+      return Status(StatusCode::kInternal, "stop");
+    });
+    CHECK(stop.code() == StatusCode::kInternal && stop.message() == "stop");
+    // A writer waits for the snapshot's locks.
+    std::atomic<bool> inserted{false};
+    const int64_t new_key = -1;
+    std::thread writer([&] {
+      CHECK_OK(t->Insert(&new_key, 1, values.data(), nullptr, serial));
+      inserted = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(!inserted);
+    snap.reset();
+    writer.join();
+    CHECK(inserted);
+  }
+  // String keys are viewed in place, in Export's order.
+  auto s = MakeTable(KeyType::kString, ValueType::kFloat32, 1);
+  std::vector<std::string> storage;
+  for (int i = 0; i < 3000; ++i) storage.push_back("key-" + std::to_string(i * 7919));
+  std::vector<std::string_view> views(storage.begin(), storage.end());
+  std::vector<float> ones(storage.size(), 1.0f);
+  CHECK_OK(s->Insert(views.data(), views.size(), ones.data(), nullptr, serial));
+  VectorSink expected(1);
+  CHECK_OK(s->Export(&expected, serial));
+  std::unique_ptr<TableSnapshot> snap;
+  CHECK_OK(s->Snapshot(&snap));
+  std::vector<std::string> got;
+  CHECK_OK(snap->Read(0, snap->size(), 1000,
+                      [&](const void* k, int64_t rows, const void*, const uint64_t*) {
+                        const auto* sk = static_cast<const std::string_view*>(k);
+                        for (int64_t i = 0; i < rows; ++i) got.emplace_back(sk[i]);
+                        return Status::Ok();
+                      }));
+  CHECK(got == expected.string_keys);
 }
 
 // ApplyRule: absent keys start from `initial`, present ones are updated in
@@ -1455,6 +1548,7 @@ int main() {
       {"stale_heap_under_find_refresh", [&] { TestStaleHeapUnderFindRefresh(serial); }},
       {"concurrent_bounded", TestConcurrentBounded},
       {"parallel_export", TestParallelExport},
+      {"snapshot", TestSnapshot},
       {"apply_rule/serial", [&] { TestApplyRule(serial); }},
       {"apply_rule/threads", [&] { TestApplyRule(threads); }},
       {"apply_rule_errors", TestApplyRuleErrors},
