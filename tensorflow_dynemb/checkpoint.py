@@ -1,14 +1,40 @@
 """Checkpoint plumbing shared by tables and variables.
 
-Both save through the public Trackable hooks (`_serialize_to_tensors` /
-`_restore_from_tensors`), which `tf.train.Checkpoint` calls directly. TF1's
-`tf.compat.v1.train.Saver` instead looks for SaveableObjects in a graph collection;
-`register_for_tf1_saver` puts one there, built from the same hooks.
+Both have the Trackable hooks `_serialize_to_tensors` / `_restore_from_tensors`: the
+content as whole tensors (keys, values and, where kept, scores), made by an export.
+TF1's `tf.compat.v1.train.Saver` looks for SaveableObjects in a graph collection;
+`register_for_tf1_saver` puts one there, built from those hooks. SavedModels, Keras
+weight files and TF1-style graphs use them too.
+
+`tf.train.Checkpoint` (eager and `tf.function`) streams instead: a checkpoint saver
+registered with TF (`_save_streaming` / `_restore_streaming`) writes each table from
+a snapshot, chunk by chunk, straight into the checkpoint's bundle files
+(`DynembSaveTablesToBundle`), as slices of the same tensors under the same names.
+An export first copied the whole table into fresh tensors (for 10M keys of an Adam
+state, 2.2 GB of new memory) and TF then wrote them on one thread; the stream needs
+memory for a few chunks and writes several files at once. Readers see whole tensors,
+so restores (`_restore_from_tensors`), `tf.train.load_checkpoint` and checkpoints
+written either way are interchangeable. Tables that cannot be streamed (string keys,
+GPU tables, a variable's shards on several devices) are exported as before, inside
+the same saver.
 """
 
 from __future__ import annotations
 
+import collections
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
 import tensorflow as tf
+
+from tensorflow_dynemb import _export_context
+
+try:  # No public API registers a checkpoint saver; TF 2.16-2.21 all have this one.
+    from tensorflow.python.saved_model import registration as _registration
+    from tensorflow.python.trackable import trackable_utils as _trackable_utils
+except ImportError:  # pragma: no cover - present in every supported TF
+    _registration = None
 
 # Checkpoint keys, relative to the object's own checkpoint prefix.
 CKPT_KEYS = "-keys"
@@ -36,3 +62,155 @@ def register_for_tf1_saver(trackable, name: str) -> None:
     factories = tf.__internal__.tracking.saveable_objects_from_trackable(trackable)
     (factory,) = factories.values()
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, factory(name=name))
+
+
+# -- streaming saves for tf.train.Checkpoint ----------------------------------------------
+
+# What a trackable offers the streaming saver: `_checkpoint_tables()` returns the
+# tables whose rows, concatenated in order, are its checkpoint content, and whether
+# their scores are saved; None when it saves nothing (`checkpoint=False`).
+_TABLES_HOOK = "_checkpoint_tables"
+# At most this many bundle files per device and save, and at least this many rows each.
+_MAX_FILES = 4
+_MIN_ROWS_PER_FILE = 1 << 20
+
+
+def _writing_saved_model() -> bool:
+    """Whether a SavedModel is being written: in its save context, or writing its
+    variables, which `save_and_return_nodes` does after leaving that context."""
+    if _export_context.in_saved_model_save():
+        return True
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "save_and_return_nodes" and frame.f_globals.get(
+            "__name__"
+        ) == "tensorflow.python.saved_model.save":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _streams(obj) -> bool:
+    """Whether `tf.train.Checkpoint` saves `obj` through the streaming saver.
+
+    Not for SavedModels (they keep the export path: a loader revives tables as
+    TF's generic objects, which no registered saver restores) and not in a TF1 graph
+    (TF runs a registered saver's restore ops only in eager and `tf.function` code)."""
+    hook = getattr(obj, _TABLES_HOOK, None)
+    return hook is not None and hook() is not None and not in_tf1_graph() and not _writing_saved_model()
+
+
+def _object_path(name: str) -> str:
+    """The object's checkpoint path. TF passes a restore the first checkpoint key of an
+    object saved by its export (`path/.ATTRIBUTES/-keys`) instead of the path."""
+    return name.split("/.ATTRIBUTES/")[0]
+
+
+def _tensor_names(path: str, with_scores: bool) -> List[str]:
+    """Checkpoint keys of an object's keys, values and scores ("" when not saved): the
+    names `_serialize_to_tensors` gives them."""
+    names = [_trackable_utils.checkpoint_key(path, local) for local in (CKPT_KEYS, CKPT_VALUES)]
+    return names + [_trackable_utils.checkpoint_key(path, CKPT_SCORES) if with_scores else ""]
+
+
+def _stream_device(tables) -> Optional[str]:
+    """The device of `tables` if DynembSaveTablesToBundle can stream them: CPU tables
+    with numeric keys, all on one device ("": the default one). None otherwise."""
+    if any(table.key_dtype == tf.string for table in tables):
+        return None
+    # The device the table was given, else where its handle is (a handle captured by
+    # a tf.function may not say).
+    devices = {table._device or table.resource_handle.device for table in tables}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    if device and tf.DeviceSpec.from_string(device).device_type not in (None, "CPU"):
+        return None
+    return device
+
+
+def _num_files(entries) -> int:
+    """Bundle files for one device's tables: about a million rows each, at most
+    _MAX_FILES and the machine's cores. Sizes are only known in eager mode (a
+    `tf.function` writes one file)."""
+    if not tf.executing_eagerly():
+        return 1
+    rows = sum(int(table.size()) for _, tables, _ in entries for table in tables)
+    return max(1, min(_MAX_FILES, os.cpu_count() or 1, rows // _MIN_ROWS_PER_FILE))
+
+
+def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> List[tf.Tensor]:
+    """The registered saver's save function: writes every object's content into
+    bundles beside `file_prefix` and returns their prefixes, which TF merges into the
+    checkpoint."""
+    streamed = collections.defaultdict(list)  # device -> [(path, tables, with_scores)]
+    exported = []
+    for name, obj in trackables.items():
+        tables, with_scores = getattr(obj, _TABLES_HOOK)()
+        device = _stream_device(tables)
+        if device is None:
+            exported.append((name, obj))
+        else:
+            streamed[device].append((_object_path(name), tables, with_scores))
+    from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
+
+    prefixes = []
+    for i, (device, entries) in enumerate(sorted(streamed.items())):
+        names = [n for path, _, with_scores in entries for n in _tensor_names(path, with_scores)]
+        with tf.device(device):
+            prefixes += ops.dynemb_save_tables_to_bundle(
+                prefix=tf.strings.join([file_prefix, f"_stream{i}"]),
+                tables=[table.resource_handle for _, tables, _ in entries for table in tables],
+                tensor_names=names,
+                entry_tables=[len(tables) for _, tables, _ in entries],
+                num_files=_num_files(entries),
+            )
+    # The rest as the export path saves them: whole tensors, one SaveV2 per device.
+    by_device = collections.defaultdict(list)
+    for name, obj in exported:
+        for local, tensor in obj._serialize_to_tensors().items():
+            by_device[tensor.device].append((_trackable_utils.checkpoint_key(_object_path(name), local), tensor))
+    for i, (device, items) in enumerate(sorted(by_device.items())):
+        prefix = tf.strings.join([file_prefix, f"_export{i}"])
+        with tf.device(device):
+            save = tf.raw_ops.SaveV2(
+                prefix=prefix,
+                tensor_names=[n for n, _ in items],
+                shape_and_slices=[""] * len(items),
+                tensors=[t for _, t in items],
+            )
+        # In a tf.function the merge of the prefixes must wait for the files.
+        with tf.control_dependencies([save] if save is not None else []):
+            prefixes.append(tf.identity(prefix))
+    return prefixes
+
+
+def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) -> None:
+    """The registered saver's restore function: reads each object's whole tensors
+    (TF assembles streamed slices) and hands them to `_restore_from_tensors`."""
+    for name, obj in trackables.items():
+        tables, with_scores = getattr(obj, _TABLES_HOOK)()
+        locals_ = [CKPT_KEYS, CKPT_VALUES] + ([CKPT_SCORES] if with_scores else [])
+        dtypes = [tables[0].key_dtype, tables[0].value_dtype, tf.int64][: len(locals_)]
+        names = [n for n in _tensor_names(_object_path(name), with_scores) if n]
+        with tf.device("/CPU:0"):
+            tensors = tf.raw_ops.RestoreV2(
+                prefix=merged_prefix,
+                tensor_names=names,
+                shape_and_slices=[""] * len(names),
+                dtypes=dtypes,
+            )
+        obj._restore_from_tensors(dict(zip(locals_, tensors)))
+
+
+if _registration is not None:
+    _registration.register_checkpoint_saver(
+        package="tensorflow_dynemb",
+        name="tables",
+        predicate=_streams,
+        save_fn=_save_streaming,
+        restore_fn=_restore_streaming,
+        # A checkpoint this saver wrote, restored where it does not run (a TF1
+        # graph), fails with TF's error naming the object instead of restoring nothing.
+        strict_predicate_restore=True,
+    )

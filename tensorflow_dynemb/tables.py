@@ -659,6 +659,11 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
             children["_variable"] = owner
         return children
 
+    def _checkpoint_tables(self):
+        """For tf.train.Checkpoint's streaming saver (checkpoint.py): this table, with
+        its scores; None with `checkpoint=False`."""
+        return ([self], True) if self._checkpoint else None
+
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
             return {}  # `checkpoint=False`: checkpoints carry nothing for this table

@@ -820,6 +820,12 @@ class Variable(tf.Module):
         object_map[self] = mapped
         return []
 
+    def _checkpoint_tables(self):
+        """For tf.train.Checkpoint's streaming saver (checkpoint.py): the shard tables,
+        whose rows in shard order are the content `_serialize_to_tensors` exports, and
+        whether their scores are saved; None with `checkpoint=False`."""
+        return (list(self._tables), self._checkpoint_scores) if self._checkpoint else None
+
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
             return {}

@@ -1,0 +1,202 @@
+"""tf.train.Checkpoint streams tables into the checkpoint (checkpoint.py's registered
+saver and the DynembSaveTablesToBundle op): the files hold the tensors the export path
+writes, under the same names, whatever the number of files; checkpoints written either
+way restore into each other; what cannot be streamed is exported inside the same saver;
+bad op input is an error naming it."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+import tensorflow_dynemb as de
+from tensorflow_dynemb import checkpoint as de_checkpoint
+from tensorflow_dynemb._ops import ops
+
+SAVER = "tensorflow_dynemb.tables"
+
+
+def saver_of(prefix):
+    """{object path: registered saver name ("" for the export path)} of a checkpoint."""
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    out = {}
+    for child in graph.nodes[0].children:
+        out[child.local_name] = graph.nodes[child.node_id].registered_saver.name
+    return out
+
+
+def data_files(directory, stem):
+    return sorted(f for f in os.listdir(directory) if f.startswith(stem + ".data-"))
+
+
+def filled_variable(shards, n, dim=3, name="emb", **kwargs):
+    v = de.Variable(tf.int64, tf.float32, dim=dim, devices=["/CPU:0"] * shards, name=name, **kwargs)
+    keys = np.arange(1, n + 1, dtype=np.int64) * 7919
+    values = np.arange(n * dim, dtype=np.float32).reshape(n, dim)
+    v.upsert(keys, values)
+    return v, keys, values
+
+
+def by_key(keys, *columns):
+    order = np.argsort(keys)
+    return (keys[order],) + tuple(c[order] for c in columns)
+
+
+@pytest.mark.parametrize("files", [1, 2])
+def test_files_hold_the_export_under_the_same_names(tmp_path, monkeypatch, files):
+    # Lower the rows a file needs, so 2 files (this machine may have 2 cores) need no
+    # million keys; every entry then spans the files.
+    monkeypatch.setattr(de_checkpoint, "_MIN_ROWS_PER_FILE", 100)
+    monkeypatch.setattr(de_checkpoint, "_MAX_FILES", files)
+    v, _, _ = filled_variable(3, 500)
+    hkv = de.HkvHashTable(
+        tf.int64, tf.float32, [0.0, 0.0], init_capacity=64, max_capacity=300, evict_strategy="lru"
+    )
+    for start in range(0, 400, 50):  # bounded: the export (and the stream) is oldest write first
+        k = np.arange(start, start + 50, dtype=np.int64)
+        hkv.insert(k, np.stack([k, -k], 1).astype(np.float32))
+    prefix = tf.train.Checkpoint(v=v, hkv=hkv).write(str(tmp_path / "ck"))
+    assert saver_of(prefix) == {"v": SAVER, "hkv": SAVER}
+    # One bundle per file and the checkpoint's own (the object graph).
+    assert len(data_files(tmp_path, "ck")) == min(files, os.cpu_count()) + 1
+    reader = tf.train.load_checkpoint(prefix)
+    for path, obj in (("v", v), ("hkv", hkv)):
+        exported = [t.numpy() for t in obj.export_with_scores()]
+        for local, expected in zip(("-keys", "-values", "-scores"), exported):
+            np.testing.assert_array_equal(reader.get_tensor(f"{path}/.ATTRIBUTES/{local}"), expected)
+
+
+def test_restore_into_other_shard_counts_and_slot_state(tmp_path):
+    v, keys, values = filled_variable(3, 2000)
+    optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam())
+    ids = tf.constant(keys[:10])
+    with tf.GradientTape() as tape:
+        rows, trainable = de.embedding_lookup(v, ids, name="rows", return_trainable=True)
+        loss = tf.reduce_sum(rows * rows)
+    optimizer.apply_gradients([(tape.gradient(loss, trainable), trainable)])  # makes the slot state
+    state = optimizer._dynemb.state_of(v)
+    prefix = tf.train.Checkpoint(v=v, state=state).write(str(tmp_path / "ck"))
+    assert saver_of(prefix) == {"v": SAVER, "state": SAVER}
+    names = dict(tf.train.list_variables(prefix))
+    assert "state/.ATTRIBUTES/-scores" not in names  # the slot state saves no scores
+
+    v2 = de.Variable(tf.int64, tf.float32, dim=3, devices=["/CPU:0"] * 2, name="emb")
+    state2 = v2.companion("state", tf.float32, state.dim, 0.0, checkpoint_scores=False)
+    tf.train.Checkpoint(v=v2, state=state2).read(prefix).assert_consumed()
+    for a, b in ((v, v2), (state, state2)):
+        ka, va = by_key(*[t.numpy() for t in a.export()])
+        kb, vb = by_key(*[t.numpy() for t in b.export()])
+        np.testing.assert_array_equal(ka, kb)
+        np.testing.assert_array_equal(va, vb)
+
+
+def test_unstreamable_tables_are_exported_in_the_same_checkpoint(tmp_path):
+    strings = de.HashTable(tf.string, tf.float32, [0.0])
+    strings.insert(["a", "", "\u00e9"], [[1.0], [2.0], [3.0]])
+    numbers = de.HashTable(tf.int32, tf.float32, [0.0])
+    numbers.insert([1, 2], [[1.0], [2.0]])
+    prefix = tf.train.Checkpoint(s=strings, n=numbers).write(str(tmp_path / "ck"))
+    assert saver_of(prefix) == {"s": SAVER, "n": SAVER}
+    s2 = de.HashTable(tf.string, tf.float32, [-1.0])
+    n2 = de.HashTable(tf.int32, tf.float32, [-1.0])
+    tf.train.Checkpoint(s=s2, n=n2).read(prefix).assert_consumed()
+    np.testing.assert_array_equal(s2.lookup(["", "a", "\u00e9", "x"]).numpy().ravel(), [2, 1, 3, -1])
+    np.testing.assert_array_equal(n2.lookup([2, 1, 3]).numpy().ravel(), [2, 1, -1])
+
+
+def test_empty_tables_and_checkpoint_false(tmp_path):
+    empty = de.HashTable(tf.int64, tf.float32, [0.0, 0.0])
+    skipped = de.HashTable(tf.int64, tf.float32, 0.0, checkpoint=False)
+    skipped.insert([1], [1.0])
+    prefix = tf.train.Checkpoint(empty=empty, skipped=skipped).write(str(tmp_path / "ck"))
+    names = dict(tf.train.list_variables(prefix))
+    assert names["empty/.ATTRIBUTES/-values"] == [0, 2]
+    assert not any(name.startswith("skipped/") for name in names)
+    restored = de.HashTable(tf.int64, tf.float32, [0.0, 0.0])
+    restored.insert([5], [[5.0, 5.0]])
+    tf.train.Checkpoint(empty=restored).read(prefix)
+    assert int(restored.size()) == 0
+
+
+def test_checkpoint_manager_and_tf_function_saves(tmp_path):
+    v, keys, values = filled_variable(2, 300)
+    ckpt = tf.train.Checkpoint(v=v)
+    manager = tf.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=1)
+    manager.save()
+    v.upsert(keys[:1], values[:1] + 100.0)
+    last = manager.save()
+    assert sorted(os.listdir(tmp_path))[0] == "checkpoint" and len(manager.checkpoints) == 1
+
+    @tf.function
+    def save_in_function(prefix):
+        return ckpt.write(prefix)
+
+    in_function = save_in_function(tf.constant(str(tmp_path / "fn")))
+    for prefix in (last, in_function.numpy().decode()):
+        restored = de.Variable(tf.int64, tf.float32, dim=3, name="emb")
+        tf.train.Checkpoint(v=restored).read(prefix).assert_existing_objects_matched()
+        np.testing.assert_array_equal(restored.lookup(keys[:2]).numpy(), [values[0] + 100.0, values[1]])
+
+
+def test_saved_models_keep_the_export_path(tmp_path):
+    # Their loaders revive tables as TF's generic objects, which no registered saver restores.
+    module = tf.Module()
+    module.v, keys, values = filled_variable(2, 50)
+    module.lookup = tf.function(lambda ids: module.v.lookup(ids), input_signature=[tf.TensorSpec([None], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    reader = tf.train.load_checkpoint(str(tmp_path / "sm" / "variables" / "variables"))
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    assert not any(node.registered_saver.name for node in graph.nodes)
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    np.testing.assert_array_equal(loaded.lookup(tf.constant(keys[:3])).numpy(), values[:3])
+
+
+def write_in_tf1_graph(prefix, keys, values):
+    """A checkpoint written by tf.train.Checkpoint in a TF1 graph: the export path."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        v = de.Variable(tf.int64, tf.float32, dim=3, name="emb")
+        session.run(v.upsert(keys, values))
+        return tf.compat.v1.train.Checkpoint(v=v).save(prefix, session=session)
+
+
+def test_export_path_checkpoints_restore_through_the_saver(tmp_path):
+    keys = np.array([3, 1, 2], np.int64)
+    values = np.arange(9, dtype=np.float32).reshape(3, 3)
+    prefix = write_in_tf1_graph(str(tmp_path / "graph"), keys, values)
+    assert saver_of(prefix)["v"] == ""
+    restored = de.Variable(tf.int64, tf.float32, dim=3, devices=["/CPU:0"] * 2, name="emb")
+    tf.train.Checkpoint(v=restored).read(prefix).assert_existing_objects_matched()
+    np.testing.assert_array_equal(restored.lookup(keys).numpy(), values)
+
+
+def test_streamed_checkpoint_in_a_tf1_graph_is_an_error(tmp_path):
+    v, _, _ = filled_variable(1, 10)
+    prefix = tf.train.Checkpoint(v=v).write(str(tmp_path / "ck"))
+    with tf.Graph().as_default():
+        graph_v = de.Variable(tf.int64, tf.float32, dim=3, name="emb")
+        with pytest.raises(ValueError, match="predicate"):
+            tf.compat.v1.train.Checkpoint(v=graph_v).restore(prefix)
+
+
+def test_op_rejects_bad_input(tmp_path):
+    table = de.HashTable(tf.int64, tf.float32, [0.0])
+    strings = de.HashTable(tf.string, tf.float32, [0.0])
+    prefix = str(tmp_path / "b")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="entry_tables must add up to the 1 tables, got 2"):
+        ops.dynemb_save_tables_to_bundle(prefix, [table.resource_handle], ["k", "v", ""], [2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 names per entry"):
+        ops.dynemb_save_tables_to_bundle(prefix, [table.resource_handle], ["k", "v"], [1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="string keys"):
+        ops.dynemb_save_tables_to_bundle(prefix, [strings.resource_handle], ["k", "v", ""], [1])
+    other = de.HashTable(tf.int64, tf.float32, [0.0, 0.0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="differ in key dtype, value dtype or value shape"):
+        ops.dynemb_save_tables_to_bundle(
+            prefix, [table.resource_handle, other.resource_handle], ["k", "v", ""], [2]
+        )
