@@ -90,7 +90,7 @@ def train_state_table(records):
     for rec in records:
         s = rec["summary"]
         payload = s["payload_bytes_per_key"]
-        ours, tfra = s.get("ours", {}), s.get("tfra", {})
+        ours, tfra, floor = s.get("ours", {}), s.get("tfra", {}), s.get("dense", {})
         keys = next((r["keys"] for r in rec["runs"] if "keys" in r), None)
         dim = next((r["dim"] for r in rec["runs"] if "dim" in r), None)
         rows.append(
@@ -98,21 +98,24 @@ def train_state_table(records):
             f"float32), {rec['date']}, load {rec.get('load_start')}→{rec.get('load_end')}, "
             f"`{rec['_path']}`; median (min–max) of the rounds:\n"
         )
-        rows.append("| measure | ours | TFRA | ours / TFRA | ours / payload |")
-        rows.append("|---|---:|---:|---:|---:|")
+        # "TF's writer alone": dense variables of TFRA's bytes through the same
+        # tf.train.Checkpoint calls (train_state.py's `dense`), where the run has them.
+        rows.append("| measure | ours | TFRA | TF's writer alone | ours / TFRA | ours / payload |")
+        rows.append("|---|---:|---:|---:|---:|---:|")
 
         def line(label, field, scale, fmt, payload_ratio):
-            a, b = ours.get(field, []), tfra.get(field, [])
+            a, b, c = ours.get(field, []), tfra.get(field, []), floor.get(field, [])
             ra = f"{_med(a) / _med(b):.2f}×" if a and b else "—"
             rp = f"{_med(a) / payload:.2f}×" if (a and payload_ratio) else "—"
-            rows.append(
-                f"| {label} | {_spread([x / scale for x in a], fmt)} | {_spread([x / scale for x in b], fmt)} | {ra} | {rp} |"
-            )
+            spreads = [_spread([x / scale for x in v], fmt) for v in (a, b, c)]
+            rows.append(f"| {label} | {' | '.join(spreads)} | {ra} | {rp} |")
 
         line("resident bytes per key (RSS delta)", "bytes_per_key", 1, "{:.1f}", True)
         line("checkpoint save, M keys/s", "save_keys_per_s", 1e6, "{:.2f}", False)
         line("checkpoint restore, M keys/s", "restore_keys_per_s", 1e6, "{:.2f}", False)
         line("checkpoint files, bytes per key", "file_bytes_per_key", 1, "{:.1f}", True)
+        line("save's peak memory beyond the state, bytes per key", "save_peak_extra_bytes_per_key", 1,
+             "{:.1f}", True)
         verdicts = _state_verdicts(rec)
         if verdicts:
             rows.append("")

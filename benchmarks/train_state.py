@@ -10,7 +10,8 @@ makes for it (`tensorflow_dynemb/slots.py`: one `de.Variable` of dim 32 holding 
 per key, checkpointed without scores). TFRA keeps each slot in a variable of the
 parameter's class and table (made by its `create_slots`), so its state is three
 `tfra.dynamic_embedding.get_variable`s (a `CuckooHashTable` on CPU). Every measurement
-runs in a fresh child process.
+runs in a fresh child process; each round starts with the next library, so that every
+one takes every place in the order.
 
 - memory: bytes per key = (VmRSS after upserting the keys into the variables -
   VmRSS before) / keys, beside the raw payload (8-byte key + 3 x dim float32 = 200 B at
@@ -20,7 +21,9 @@ runs in a fresh child process.
   variables of the same names in a
   fresh process (timed until their `size()` answers);
   keys/s = keys / seconds (each key carries its three rows), file size = the bytes of
-  every file written, beside the payload. The restored sizes are checked.
+  every file written, beside the payload. The restored sizes are checked. The save's
+  peak memory beyond the state (VmHWM after the save - VmRSS before it, the peak reset
+  first) says whether a save copies the state.
 - Each child starts after `os.sync()`: a checkpoint of 10M keys is ~2 GB of dirty page
   cache, and once the machine's dirty pages pass ~10% of memory the kernel throttles the
   writer to the disk's speed (here 2.2 GB `dd` writes took 1.0 s with nothing dirty and
@@ -51,12 +54,23 @@ from _harness import loadavg, median, print_result, spawn_child, tfra_available,
 
 
 
-def _rss_bytes():
+def _rss_bytes(field="VmRSS"):
+    """This process's resident memory (`VmHWM`: its peak since `_reset_peak_rss`)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _reset_peak_rss():
+    """Restarts VmHWM from the current RSS (Linux clear_refs); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _make_vars(impl, dim, tag):
@@ -157,9 +171,12 @@ def _write_checkpoint(args, variables, result):
     n = args.keys
     ckpt = tf.train.Checkpoint(**variables)
     path = os.path.join(args.ckpt_dir, "ckpt")
+    rss0, peak_known = _rss_bytes(), _reset_peak_rss()
     t0 = time.perf_counter()
     ckpt.write(path)
     save_s = time.perf_counter() - t0
+    if peak_known:  # the memory a save needs beyond the state (an export's copy, buffers)
+        result.update(save_peak_extra_bytes_per_key=(_rss_bytes("VmHWM") - rss0) / n)
     file_bytes = sum(
         os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.ckpt_dir) for f in files
     )
@@ -198,7 +215,10 @@ def main():
     for mode in args.modes.split(","):
         for r in range(args.rounds):
             mode_impls = impls + ["dense"] if mode == "checkpoint" and args.floor else impls
-            for impl in mode_impls if r % 2 == 0 else list(reversed(mode_impls)):
+            # Each round starts one later, so every child takes every place in turn: a
+            # child's speed depends on what ran before it (memory the guest got back).
+            shift = r % len(mode_impls)
+            for impl in mode_impls[shift:] + mode_impls[:shift]:
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", impl,
                        "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
                 ckpt_dir = tempfile.mkdtemp(prefix="dynemb_ckpt_", dir=args.tmpdir)
@@ -225,7 +245,7 @@ def main():
                           f"fill {res['fill_seconds']:.1f} s", flush=True)
                 else:
                     print(f"{mode} round {r} {impl:5s}: save {res['save_keys_per_s'] / 1e6:.2f} M keys/s "
-                          f"({res['save_seconds']:.2f} s), restore {res['restore_keys_per_s'] / 1e6:.2f} M keys/s "
+                          f"({res['save_seconds']:.2f} s, peak +{res.get('save_peak_extra_bytes_per_key', 0):.0f} B/key), restore {res['restore_keys_per_s'] / 1e6:.2f} M keys/s "
                           f"({res['restore_seconds']:.2f} s), files {res['file_bytes_per_key']:.1f} B/key "
                           f"({res['file_bytes_per_key'] / payload:.2f}x payload), restored {res['restored_sizes']}",
                           flush=True)
@@ -243,8 +263,9 @@ def main():
             s["bytes_per_key"] = sorted(x["bytes_per_key"] for x in mem)
         ck = ok(impl, "checkpoint")
         if ck:
-            for field in ("save_keys_per_s", "restore_keys_per_s", "file_bytes_per_key"):
-                s[field] = sorted(x[field] for x in ck)
+            for field in ("save_keys_per_s", "restore_keys_per_s", "file_bytes_per_key",
+                          "save_peak_extra_bytes_per_key"):
+                s[field] = sorted(x[field] for x in ck if field in x)
         summary[impl] = s
     verdicts = []
 
