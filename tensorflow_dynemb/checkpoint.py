@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -97,7 +97,9 @@ def _streams(obj) -> bool:
     TF's generic objects, which no registered saver restores) and not in a TF1 graph
     (TF runs a registered saver's restore ops only in eager and `tf.function` code)."""
     hook = getattr(obj, _TABLES_HOOK, None)
-    return hook is not None and hook() is not None and not in_tf1_graph() and not _writing_saved_model()
+    if hook is None or hook() is None:
+        return False
+    return not in_tf1_graph() and not _writing_saved_model()
 
 
 def _object_path(name: str) -> str:
@@ -118,9 +120,9 @@ def _stream_device(tables) -> Optional[str]:
     with numeric keys, all on one device ("": the default one). None otherwise."""
     if any(table.key_dtype == tf.string for table in tables):
         return None
-    # The device the table was given, else where its handle is (a handle captured by
-    # a tf.function may not say).
-    devices = {table._device or table.resource_handle.device for table in tables}
+    # Where the handle is (eager handles name it in full), else the device the table
+    # was given (a handle captured by a tf.function may not say).
+    devices = {table.resource_handle.device or table._device for table in tables}
     if len(devices) != 1:
         return None
     (device,) = devices
@@ -168,8 +170,9 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
     # The rest as the export path saves them: whole tensors, one SaveV2 per device.
     by_device = collections.defaultdict(list)
     for name, obj in exported:
+        path = _object_path(name)
         for local, tensor in obj._serialize_to_tensors().items():
-            by_device[tensor.device].append((_trackable_utils.checkpoint_key(_object_path(name), local), tensor))
+            by_device[tensor.device].append((_trackable_utils.checkpoint_key(path, local), tensor))
     for i, (device, items) in enumerate(sorted(by_device.items())):
         prefix = tf.strings.join([file_prefix, f"_export{i}"])
         with tf.device(device):

@@ -69,7 +69,8 @@ def test_files_hold_the_export_under_the_same_names(tmp_path, monkeypatch, files
     for path, obj in (("v", v), ("hkv", hkv)):
         exported = [t.numpy() for t in obj.export_with_scores()]
         for local, expected in zip(("-keys", "-values", "-scores"), exported):
-            np.testing.assert_array_equal(reader.get_tensor(f"{path}/.ATTRIBUTES/{local}"), expected)
+            stored = reader.get_tensor(f"{path}/.ATTRIBUTES/{local}")
+            np.testing.assert_array_equal(stored, expected)
 
 
 def test_restore_into_other_shard_counts_and_slot_state(tmp_path):
@@ -106,7 +107,8 @@ def test_unstreamable_tables_are_exported_in_the_same_checkpoint(tmp_path):
     s2 = de.HashTable(tf.string, tf.float32, [-1.0])
     n2 = de.HashTable(tf.int32, tf.float32, [-1.0])
     tf.train.Checkpoint(s=s2, n=n2).read(prefix).assert_consumed()
-    np.testing.assert_array_equal(s2.lookup(["", "a", "\u00e9", "x"]).numpy().ravel(), [2, 1, 3, -1])
+    found = s2.lookup(["", "a", "\u00e9", "x"]).numpy().ravel()
+    np.testing.assert_array_equal(found, [2, 1, 3, -1])
     np.testing.assert_array_equal(n2.lookup([2, 1, 3]).numpy().ravel(), [2, 1, -1])
 
 
@@ -141,14 +143,17 @@ def test_checkpoint_manager_and_tf_function_saves(tmp_path):
     for prefix in (last, in_function.numpy().decode()):
         restored = de.Variable(tf.int64, tf.float32, dim=3, name="emb")
         tf.train.Checkpoint(v=restored).read(prefix).assert_existing_objects_matched()
-        np.testing.assert_array_equal(restored.lookup(keys[:2]).numpy(), [values[0] + 100.0, values[1]])
+        found = restored.lookup(keys[:2]).numpy()
+        np.testing.assert_array_equal(found, [values[0] + 100.0, values[1]])
 
 
 def test_saved_models_keep_the_export_path(tmp_path):
     # Their loaders revive tables as TF's generic objects, which no registered saver restores.
     module = tf.Module()
     module.v, keys, values = filled_variable(2, 50)
-    module.lookup = tf.function(lambda ids: module.v.lookup(ids), input_signature=[tf.TensorSpec([None], tf.int64)])
+    module.lookup = tf.function(
+        lambda ids: module.v.lookup(ids), input_signature=[tf.TensorSpec([None], tf.int64)]
+    )
     tf.saved_model.save(module, str(tmp_path / "sm"))
     reader = tf.train.load_checkpoint(str(tmp_path / "sm" / "variables" / "variables"))
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
@@ -189,14 +194,15 @@ def test_op_rejects_bad_input(tmp_path):
     table = de.HashTable(tf.int64, tf.float32, [0.0])
     strings = de.HashTable(tf.string, tf.float32, [0.0])
     prefix = str(tmp_path / "b")
-    with pytest.raises(tf.errors.InvalidArgumentError, match="entry_tables must add up to the 1 tables, got 2"):
+    errors = tf.errors.InvalidArgumentError
+    with pytest.raises(errors, match="entry_tables must add up to the 1 tables, got 2"):
         ops.dynemb_save_tables_to_bundle(prefix, [table.resource_handle], ["k", "v", ""], [2])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="3 names per entry"):
+    with pytest.raises(errors, match="3 names per entry"):
         ops.dynemb_save_tables_to_bundle(prefix, [table.resource_handle], ["k", "v"], [1])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="string keys"):
+    with pytest.raises(errors, match="string keys"):
         ops.dynemb_save_tables_to_bundle(prefix, [strings.resource_handle], ["k", "v", ""], [1])
     other = de.HashTable(tf.int64, tf.float32, [0.0, 0.0])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="differ in key dtype, value dtype or value shape"):
+    with pytest.raises(errors, match="differ in key dtype, value dtype or value shape"):
         ops.dynemb_save_tables_to_bundle(
             prefix, [table.resource_handle, other.resource_handle], ["k", "v", ""], [2]
         )
