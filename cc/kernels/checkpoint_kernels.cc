@@ -61,12 +61,6 @@ struct Piece {
   int64_t at;          // the entry's row of `begin`
 };
 
-TensorShape Prepend(int64_t rows, const TensorShape& shape) {
-  TensorShape out({rows});
-  out.AppendShape(shape);
-  return out;
-}
-
 TensorSlice Rows(int dims, int64_t start, int64_t length) {
   TensorSlice slice(dims);
   slice.set_start(0, start);
@@ -81,22 +75,26 @@ absl::Status WriteBundle(const std::string& prefix, const std::vector<Piece>& pi
   tensorflow::BundleWriter writer(tensorflow::Env::Default(), prefix);
   for (const Entry* e : empty) {
     TF_RETURN_IF_ERROR(writer.Add(e->keys_name, Tensor(e->key_dtype, TensorShape({0}))));
-    TF_RETURN_IF_ERROR(writer.Add(e->values_name, Tensor(e->value_dtype, Prepend(0, e->value_shape))));
+    const TensorShape no_values = KeyedShape(TensorShape({0}), e->value_shape);
+    TF_RETURN_IF_ERROR(writer.Add(e->values_name, Tensor(e->value_dtype, no_values)));
     if (!e->scores_name.empty()) {
-      TF_RETURN_IF_ERROR(writer.Add(e->scores_name, Tensor(tensorflow::DT_INT64, TensorShape({0}))));
+      const Tensor no_scores(tensorflow::DT_INT64, TensorShape({0}));
+      TF_RETURN_IF_ERROR(writer.Add(e->scores_name, no_scores));
     }
   }
   for (const Piece& p : pieces) {
     const Entry& e = *p.entry;
-    const int64_t value_bytes = e.value_shape.num_elements() * tensorflow::DataTypeSize(e.value_dtype);
+    const int64_t value_bytes =
+        e.value_shape.num_elements() * tensorflow::DataTypeSize(e.value_dtype);
     const int64_t key_bytes = tensorflow::DataTypeSize(e.key_dtype);
-    const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, value_bytes));
+    const int64_t chunk_rows =
+        std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, value_bytes));
     const int64_t cap = std::min(chunk_rows, p.end - p.begin);
     Tensor keys(e.key_dtype, TensorShape({cap}));
-    Tensor values(e.value_dtype, Prepend(cap, e.value_shape));
+    Tensor values(e.value_dtype, KeyedShape(TensorShape({cap}), e.value_shape));
     Tensor scores(tensorflow::DT_INT64, TensorShape({e.scores_name.empty() ? 0 : cap}));
     const TensorShape full_keys({e.rows()});
-    const TensorShape full_values = Prepend(e.rows(), e.value_shape);
+    const TensorShape full_values = KeyedShape(full_keys, e.value_shape);
     const int value_dims = full_values.dims();
     int64_t at = p.at;
     absl::Status written;
@@ -109,7 +107,8 @@ absl::Status WriteBundle(const std::string& prefix, const std::vector<Piece>& pi
           std::memcpy(chunk_values.data(), v, m * value_bytes);
           written = writer.AddSlice(e.keys_name, full_keys, Rows(1, at, m), chunk_keys);
           if (written.ok()) {
-            written = writer.AddSlice(e.values_name, full_values, Rows(value_dims, at, m), chunk_values);
+            written = writer.AddSlice(e.values_name, full_values, Rows(value_dims, at, m),
+                                      chunk_values);
           }
           if (written.ok() && !e.scores_name.empty()) {
             Tensor chunk_scores = scores.Slice(0, m);

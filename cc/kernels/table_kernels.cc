@@ -137,12 +137,6 @@ class KeyBatch {
   std::vector<std::string_view> views_;
 };
 
-TensorShape KeyedShape(const TensorShape& keys, const TensorShape& value_shape) {
-  TensorShape out = keys;
-  out.AppendShape(value_shape);
-  return out;
-}
-
 absl::Status CheckShape(const TensorShape& expected, const Tensor& actual, const char* what) {
   if (actual.shape() == expected) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("Expected shape ", expected.DebugString(),

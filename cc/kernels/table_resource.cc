@@ -27,6 +27,13 @@ bool ToCoreValueType(tensorflow::DataType dtype, ValueType* out) {
   }
 }
 
+tensorflow::TensorShape KeyedShape(const tensorflow::TensorShape& keys,
+                                   const tensorflow::TensorShape& value_shape) {
+  tensorflow::TensorShape out = keys;
+  out.AppendShape(value_shape);
+  return out;
+}
+
 absl::Status ToTfStatus(const Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.code()), status.message());

@@ -29,6 +29,10 @@ bool ToCoreValueType(tensorflow::DataType dtype, ValueType* out);
 absl::Status ToTfStatus(const Status& status);
 Status FromTfStatus(const absl::Status& status);
 
+// The shape of the values of `keys`: keys' shape followed by the value shape.
+tensorflow::TensorShape KeyedShape(const tensorflow::TensorShape& keys,
+                                   const tensorflow::TensorShape& value_shape);
+
 // Runs core batches on the op's intra-op thread pool.
 class ThreadPoolRunner : public Runner {
  public:
