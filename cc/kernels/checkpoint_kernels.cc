@@ -42,6 +42,7 @@ using tensorflow::TensorSlice;
 // A chunk's values: a few MiB, so a thread's buffers stay in the cache and
 // a 10M-key table is ~100 slices per tensor.
 constexpr int64_t kChunkBytes = 8 << 20;
+
 // One checkpointed object: the snapshots of its tables (a de.Variable's
 // shards, in order) and the names of its tensors.
 struct Entry {
