@@ -541,39 +541,18 @@ class CpuTable final : public Table {
       return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
     }
     if (bounded_) return ExportChunksOldestFirst(chunk_rows, sink);
-    std::vector<In> keys;
-    std::vector<char> values;
-    std::vector<uint64_t> scores;
     for (int s = 0; s < kNumShards; ++s) {
       const Shard& shard = shards_[s];
       std::shared_lock<std::shared_mutex> lock(shard.mu);
-      const size_t cap = static_cast<size_t>(
-          std::min<int64_t>(chunk_rows, shard.size.load(std::memory_order_relaxed)));
-      keys.clear();
-      keys.reserve(cap);
-      values.resize(cap * value_bytes_);
-      scores.clear();
-      scores.reserve(cap);
-      // String keys are viewed in place: the shard lock keeps them alive
-      // until the sink returns.
-      auto flush = [&]() -> Status {
-        if (keys.empty()) return Status::Ok();
-        Status status = sink(keys.data(), static_cast<int64_t>(keys.size()), values.data(),
-                             scores.data());
-        keys.clear();
-        scores.clear();
-        return status;
-      };
+      // The lock keeps the chunk's string keys alive until the sink returns.
+      ChunkBuffer chunk(*this,
+                        std::min<int64_t>(chunk_rows, shard.size.load(std::memory_order_relaxed)));
       Status status;
       ForEachRowInSlotOrder(shard, [&](const char* r) {
-        if (!status.ok()) return;
-        std::memcpy(values.data() + keys.size() * value_bytes_, r + value_offset_, value_bytes_);
-        keys.push_back(Traits::View(r));
-        scores.push_back(AtomicLoadScore(r + score_offset_));
-        if (keys.size() == cap) status = flush();
+        if (status.ok()) status = chunk.Add(r, sink);
       });
       DYNEMB_RETURN_IF_ERROR(status);
-      DYNEMB_RETURN_IF_ERROR(flush());
+      DYNEMB_RETURN_IF_ERROR(chunk.Flush(sink));
     }
     return Status::Ok();
   }
@@ -655,6 +634,45 @@ class CpuTable final : public Table {
     return order;
   }
 
+  // Rows gathered for a ChunkSink (ExportChunks, TableSnapshot::Read), up to
+  // `cap` at a time: keys in the batch representation (string keys viewed in
+  // place, so the caller holds the rows' locks until Flush), values, scores.
+  class ChunkBuffer {
+   public:
+    ChunkBuffer(const CpuTable& table, int64_t cap)
+        : table_(table), cap_(static_cast<size_t>(std::max<int64_t>(cap, 1))) {
+      keys_.reserve(cap_);
+      values_.resize(cap_ * table.value_bytes_);
+      scores_.reserve(cap_);
+    }
+
+    // Adds row r; a full chunk goes to the sink.
+    Status Add(const char* r, const ChunkSink& sink) {
+      std::memcpy(values_.data() + keys_.size() * table_.value_bytes_, r + table_.value_offset_,
+                  table_.value_bytes_);
+      keys_.push_back(Traits::View(r));
+      scores_.push_back(AtomicLoadScore(r + table_.score_offset_));
+      return keys_.size() == cap_ ? Flush(sink) : Status::Ok();
+    }
+
+    // Hands the rows gathered so far, if any, to the sink.
+    Status Flush(const ChunkSink& sink) {
+      if (keys_.empty()) return Status::Ok();
+      Status status =
+          sink(keys_.data(), static_cast<int64_t>(keys_.size()), values_.data(), scores_.data());
+      keys_.clear();
+      scores_.clear();
+      return status;
+    }
+
+   private:
+    const CpuTable& table_;
+    const size_t cap_;
+    std::vector<In> keys_;
+    std::vector<char> values_;
+    std::vector<uint64_t> scores_;
+  };
+
   // TableSnapshot of a CPU table: every shard's reader lock, held for the
   // snapshot's life, and the rows in Export's order (shard by shard in slot
   // order; bounded tables oldest write first).
@@ -681,27 +699,10 @@ class CpuTable final : public Table {
       if (chunk_rows < 1) {
         return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
       }
-      const size_t cap = static_cast<size_t>(std::min(chunk_rows, std::max<int64_t>(end - begin, 1)));
-      const size_t value_bytes = table_.value_bytes_;
-      std::vector<In> keys;  // string keys are viewed in place: the locks keep them alive
-      keys.reserve(cap);
-      std::vector<char> values(cap * value_bytes);
-      std::vector<uint64_t> scores;
-      scores.reserve(cap);
+      // The snapshot's locks keep the chunk's string keys alive.
+      ChunkBuffer chunk(table_, std::min(chunk_rows, end - begin));
       Status status;
-      const auto flush = [&]() {
-        if (!status.ok() || keys.empty()) return;
-        status = sink(keys.data(), static_cast<int64_t>(keys.size()), values.data(), scores.data());
-        keys.clear();
-        scores.clear();
-      };
-      const auto emit = [&](const char* r) {
-        std::memcpy(values.data() + keys.size() * value_bytes, r + table_.value_offset_,
-                    value_bytes);
-        keys.push_back(Traits::View(r));
-        scores.push_back(AtomicLoadScore(r + table_.score_offset_));
-        if (keys.size() == cap) flush();
-      };
+      const auto emit = [&](const char* r) { status = chunk.Add(r, sink); };
       if (table_.bounded_) {
         for (int64_t i = begin; i < end && status.ok(); ++i) emit(order_[i].second);
       } else {
@@ -716,8 +717,8 @@ class CpuTable final : public Table {
           });
         }
       }
-      flush();
-      return status;
+      DYNEMB_RETURN_IF_ERROR(status);
+      return chunk.Flush(sink);
     }
 
    private:
