@@ -12,11 +12,14 @@ a snapshot, chunk by chunk, straight into the checkpoint's bundle files
 (`DynembSaveTablesToBundle`), as slices of the same tensors under the same names.
 An export first copied the whole table into fresh tensors (for 10M keys of an Adam
 state, 2.2 GB of new memory) and TF then wrote them on one thread; the stream needs
-memory for a few chunks and writes several files at once. Readers see whole tensors,
-so restores (`_restore_from_tensors`), `tf.train.load_checkpoint` and checkpoints
-written either way are interchangeable. Tables that cannot be streamed (string keys,
-GPU tables, a variable's shards on several devices) are exported as before, inside
-the same saver.
+memory for a few chunks and writes several files at once. Restores stream too
+(`DynembRestoreTablesFromBundle`): the slices go straight into the tables, where
+`RestoreV2` would first assemble each whole tensor. Readers that are not ours see
+whole tensors, so `tf.train.load_checkpoint`, `_restore_from_tensors` and
+checkpoints written either way are interchangeable. Tables that cannot be streamed
+(string keys, GPU tables, a variable's shards on several devices) are exported and
+restored as whole tensors, inside the same saver; so are variables of several shards
+whose keys a custom partitioner routes (the op routes by `default_partition_fn`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -66,10 +69,20 @@ def register_for_tf1_saver(trackable, name: str) -> None:
 
 # -- streaming saves for tf.train.Checkpoint ----------------------------------------------
 
-# What a trackable offers the streaming saver: `_checkpoint_tables()` returns the
-# tables whose rows, concatenated in order, are its checkpoint content, and whether
-# their scores are saved; None when it saves nothing (`checkpoint=False`).
+# What a trackable offers the streaming saver: `_checkpoint_tables()` returns its
+# CheckpointTables, or None when it saves nothing (`checkpoint=False`).
 _TABLES_HOOK = "_checkpoint_tables"
+
+
+class CheckpointTables(NamedTuple):
+    """A trackable's checkpoint content as the streaming saver sees it."""
+
+    tables: list  # whose rows, concatenated in order, are the content
+    with_scores: bool  # whether the scores are saved
+    # Whether a restore may send each key to table `default_partition_fn(key,
+    # len(tables))` (always true of one table).
+    routes_by_default: bool = True
+
 # At most this many bundle files per device and save, and at least this many rows each.
 _MAX_FILES = 4
 _MIN_ROWS_PER_FILE = 1 << 20
@@ -137,35 +150,48 @@ def _num_files(entries) -> int:
     `tf.function` writes one file)."""
     if not tf.executing_eagerly():
         return 1
-    rows = sum(int(table.size()) for _, tables, _ in entries for table in tables)
+    rows = sum(int(table.size()) for _, spec in entries for table in spec.tables)
     return max(1, min(_MAX_FILES, os.cpu_count() or 1, rows // _MIN_ROWS_PER_FILE))
+
+
+def _split_by_device(trackables: Dict[str, object], restoring: bool):
+    """`(streamed, whole)`: the objects the ops stream, as {device: [(path,
+    CheckpointTables)]}, and the `(name, object)`s saved or restored as whole tensors."""
+    streamed = collections.defaultdict(list)
+    whole = []
+    for name, obj in trackables.items():
+        spec = getattr(obj, _TABLES_HOOK)()
+        device = _stream_device(spec.tables)
+        if device is None or (restoring and not spec.routes_by_default):
+            whole.append((name, obj))
+        else:
+            streamed[device].append((_object_path(name), spec))
+    return sorted(streamed.items()), whole
+
+
+def _stream_op_inputs(entries):
+    """The tables, tensor_names and entry_tables of the streaming ops for `entries`."""
+    return dict(
+        tables=[t.resource_handle for _, spec in entries for t in spec.tables],
+        tensor_names=[n for path, spec in entries for n in _tensor_names(path, spec.with_scores)],
+        entry_tables=[len(spec.tables) for _, spec in entries],
+    )
 
 
 def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> List[tf.Tensor]:
     """The registered saver's save function: writes every object's content into
     bundles beside `file_prefix` and returns their prefixes, which TF merges into the
     checkpoint."""
-    streamed = collections.defaultdict(list)  # device -> [(path, tables, with_scores)]
-    exported = []
-    for name, obj in trackables.items():
-        tables, with_scores = getattr(obj, _TABLES_HOOK)()
-        device = _stream_device(tables)
-        if device is None:
-            exported.append((name, obj))
-        else:
-            streamed[device].append((_object_path(name), tables, with_scores))
+    streamed, exported = _split_by_device(trackables, restoring=False)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
 
     prefixes = []
-    for i, (device, entries) in enumerate(sorted(streamed.items())):
-        names = [n for path, _, with_scores in entries for n in _tensor_names(path, with_scores)]
+    for i, (device, entries) in enumerate(streamed):
         with tf.device(device):
             prefixes += ops.dynemb_save_tables_to_bundle(
                 prefix=tf.strings.join([file_prefix, f"_stream{i}"]),
-                tables=[table.resource_handle for _, tables, _ in entries for table in tables],
-                tensor_names=names,
-                entry_tables=[len(tables) for _, tables, _ in entries],
                 num_files=_num_files(entries),
+                **_stream_op_inputs(entries),
             )
     # The rest as the export path saves them: whole tensors, one SaveV2 per device.
     by_device = collections.defaultdict(list)
@@ -189,10 +215,17 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
 
 
 def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) -> None:
-    """The registered saver's restore function: reads each object's whole tensors
-    (TF assembles streamed slices) and hands them to `_restore_from_tensors`."""
-    for name, obj in trackables.items():
-        tables, with_scores = getattr(obj, _TABLES_HOOK)()
+    """The registered saver's restore function: streams the checkpoint into the
+    tables it can (DynembRestoreTablesFromBundle); reads the other objects' whole
+    tensors (TF assembles streamed slices) for their `_restore_from_tensors`."""
+    streamed, whole = _split_by_device(trackables, restoring=True)
+    from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
+
+    for device, entries in streamed:
+        with tf.device(device):
+            ops.dynemb_restore_tables_from_bundle(prefix=merged_prefix, **_stream_op_inputs(entries))
+    for name, obj in whole:
+        tables, with_scores, _ = getattr(obj, _TABLES_HOOK)()
         locals_ = [CKPT_KEYS, CKPT_VALUES] + ([CKPT_SCORES] if with_scores else [])
         dtypes = [tables[0].key_dtype, tables[0].value_dtype, tf.int64][: len(locals_)]
         names = [n for n in _tensor_names(_object_path(name), with_scores) if n]

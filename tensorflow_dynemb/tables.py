@@ -24,6 +24,7 @@ from tensorflow_dynemb.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
     CKPT_VALUES,
+    CheckpointTables,
     in_tf1_graph,
     register_for_tf1_saver,
 )
@@ -662,7 +663,7 @@ class _DynembTable(tf.saved_model.experimental.TrackableResource):
     def _checkpoint_tables(self):
         """For tf.train.Checkpoint's streaming saver (checkpoint.py): this table, with
         its scores; None with `checkpoint=False`."""
-        return ([self], True) if self._checkpoint else None
+        return CheckpointTables([self], with_scores=True) if self._checkpoint else None
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:

@@ -36,6 +36,7 @@ from tensorflow_dynemb.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
     CKPT_VALUES,
+    CheckpointTables,
     Untracked,
     in_tf1_graph,
     register_for_tf1_saver,
@@ -822,9 +823,16 @@ class Variable(tf.Module):
 
     def _checkpoint_tables(self):
         """For tf.train.Checkpoint's streaming saver (checkpoint.py): the shard tables,
-        whose rows in shard order are the content `_serialize_to_tensors` exports, and
-        whether their scores are saved; None with `checkpoint=False`."""
-        return (list(self._tables), self._checkpoint_scores) if self._checkpoint else None
+        whose rows in shard order are the content `_serialize_to_tensors` exports,
+        whether their scores are saved, and whether a restore may route keys to them
+        itself (by `default_partition_fn`); None with `checkpoint=False`."""
+        if not self._checkpoint:
+            return None
+        return CheckpointTables(
+            list(self._tables),
+            with_scores=self._checkpoint_scores,
+            routes_by_default=self.shard_num == 1 or self._partition_fn is default_partition_fn,
+        )
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:

@@ -1,8 +1,10 @@
-"""tf.train.Checkpoint streams tables into the checkpoint (checkpoint.py's registered
-saver and the DynembSaveTablesToBundle op): the files hold the tensors the export path
-writes, under the same names, whatever the number of files; checkpoints written either
-way restore into each other; what cannot be streamed is exported inside the same saver;
-bad op input is an error naming it."""
+"""tf.train.Checkpoint streams tables into the checkpoint and back (checkpoint.py's
+registered saver, the DynembSaveTablesToBundle and DynembRestoreTablesFromBundle ops):
+the files hold the tensors the export path writes, under the same names, whatever the
+number of files; restores read them straight into the tables, rerouted to any number of
+shards, and a damaged or mismatched checkpoint leaves the tables as they were;
+checkpoints written either way restore into each other; what cannot be streamed is
+exported inside the same saver; bad op input is an error naming it."""
 
 from __future__ import annotations
 
@@ -206,3 +208,128 @@ def test_op_rejects_bad_input(tmp_path):
         ops.dynemb_save_tables_to_bundle(
             prefix, [table.resource_handle, other.resource_handle], ["k", "v", ""], [2]
         )
+
+
+def forbid_whole_tensor_restores(monkeypatch):
+    """Makes the whole-tensor restore path (RestoreV2 in checkpoint.py) fail."""
+
+    def restore_v2(**kwargs):
+        raise AssertionError(f"whole-tensor restore of {kwargs['tensor_names']}")
+
+    monkeypatch.setattr(tf.raw_ops, "RestoreV2", restore_v2)
+
+
+def damage(prefix):
+    """Flips bytes in the middle of the checkpoint's largest data file."""
+    directory, stem = os.path.split(prefix)
+    path = max((os.path.join(directory, f) for f in data_files(directory, stem)), key=os.path.getsize)
+    data = bytearray(open(path, "rb").read())
+    middle = len(data) // 2
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    open(path, "wb").write(bytes(data))
+
+
+def contents(table_or_variable):
+    return by_key(*[t.numpy() for t in table_or_variable.export_with_scores()])
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64])
+def test_restores_stream_into_any_number_of_shards(tmp_path, monkeypatch, key_dtype):
+    # Small chunks and several files, so every tensor is many slices in several files.
+    monkeypatch.setattr(de_checkpoint, "_MIN_ROWS_PER_FILE", 100)
+    v = de.Variable(key_dtype, tf.float32, dim=3, devices=["/CPU:0"] * 2, name="emb")
+    keys = np.arange(1, 3001, dtype=key_dtype.as_numpy_dtype) * 31
+    v.upsert(keys, np.arange(9000, dtype=np.float32).reshape(3000, 3))
+    hkv = de.HkvHashTable(
+        key_dtype, tf.float32, [0.0], init_capacity=64, max_capacity=1000, evict_strategy="lfu"
+    )
+    for start in range(0, 1500, 100):
+        k = keys[start : start + 100]
+        hkv.insert(k, k.reshape(-1, 1).astype(np.float32))
+    prefix = tf.train.Checkpoint(v=v, hkv=hkv).write(str(tmp_path / "ck"))
+    forbid_whole_tensor_restores(monkeypatch)
+    for shards in (1, 3):
+        v2 = de.Variable(key_dtype, tf.float32, dim=3, devices=["/CPU:0"] * shards, name="emb")
+        v2.upsert(keys[:1] + 1, np.ones([1, 3], np.float32))  # replaced, not kept
+        hkv2 = de.HkvHashTable(
+            key_dtype, tf.float32, [0.0], init_capacity=64, max_capacity=1000, evict_strategy="lfu"
+        )
+        tf.train.Checkpoint(v=v2, hkv=hkv2).read(prefix).assert_consumed()
+        for a, b in ((v, v2), (hkv, hkv2)):
+            for column_a, column_b in zip(contents(a), contents(b)):
+                np.testing.assert_array_equal(column_a, column_b)
+        for i, shard in enumerate(v2.tables):  # each key went to its default_partition_fn shard
+            shard_keys = shard.export()[0]
+            ids = de.default_partition_fn(shard_keys, shards).numpy()
+            assert (ids == i).all()
+
+
+def test_custom_partitioners_restore_whole_tensors(tmp_path, monkeypatch):
+    modulo = lambda keys, n: tf.cast(keys % n, tf.int32)  # noqa: E731
+    v, keys, values = filled_variable(2, 200, partitioner=modulo)
+    prefix = tf.train.Checkpoint(v=v).write(str(tmp_path / "ck"))
+    calls = []
+    restore_v2 = tf.raw_ops.RestoreV2
+    monkeypatch.setattr(
+        tf.raw_ops, "RestoreV2", lambda **kw: calls.append(kw["tensor_names"]) or restore_v2(**kw)
+    )
+    v2 = de.Variable(tf.int64, tf.float32, dim=3, devices=["/CPU:0"] * 3, partitioner=modulo)
+    tf.train.Checkpoint(v=v2).read(prefix).assert_consumed()
+    assert len(calls) == 1  # the op routes by default_partition_fn only
+    np.testing.assert_array_equal(v2.lookup(keys).numpy(), values)
+    assert int(v2.tables[1].size()) == int(np.sum(keys % 3 == 1))
+
+
+@pytest.mark.parametrize("filled", [True, False])
+def test_a_damaged_checkpoint_leaves_the_tables_unchanged(tmp_path, monkeypatch, filled):
+    monkeypatch.setattr(de_checkpoint, "_MIN_ROWS_PER_FILE", 1000)
+    v, keys, _ = filled_variable(2, 20000)
+    prefix = tf.train.Checkpoint(v=v).write(str(tmp_path / "ck"))
+    damage(prefix)
+    v2 = de.Variable(tf.int64, tf.float32, dim=3, devices=["/CPU:0"] * 2, name="emb")
+    if filled:
+        v2.upsert(keys[:5], np.full([5, 3], 7.0, np.float32))
+    before = contents(v2)
+    with pytest.raises(tf.errors.DataLossError, match="[Cc]hecksum"):
+        tf.train.Checkpoint(v=v2).read(prefix)
+    for column_before, column_after in zip(before, contents(v2)):
+        np.testing.assert_array_equal(column_before, column_after)
+
+
+def test_a_checkpoint_of_another_table_is_an_error_naming_it(tmp_path):
+    v, keys, _ = filled_variable(2, 100, dim=3)
+    prefix = tf.train.Checkpoint(v=v).write(str(tmp_path / "ck"))
+    other = de.Variable(tf.int64, tf.float32, dim=4, name="emb")
+    other.upsert(keys[:2], np.ones([2, 4], np.float32))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"v/.ATTRIBUTES/-values is float \[100,3\], but the table takes float \[100,4\]",
+    ):
+        tf.train.Checkpoint(v=other).read(prefix)
+    assert int(other.size()) == 2
+    ints = de.Variable(tf.int32, tf.float32, dim=3, name="emb")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="is int64 \\[100\\], but the table takes int32"):
+        tf.train.Checkpoint(v=ints).read(prefix)
+
+
+def test_restore_op_rejects_bad_input(tmp_path):
+    table = de.HashTable(tf.int64, tf.float32, [0.0])
+    table.insert([1], [[1.0]])
+    prefix = tf.train.Checkpoint(t=table).write(str(tmp_path / "ck"))
+    names = ["t/.ATTRIBUTES/-keys", "t/.ATTRIBUTES/-values", "t/.ATTRIBUTES/-scores"]
+    restore = ops.dynemb_restore_tables_from_bundle
+    errors = tf.errors.InvalidArgumentError
+    with pytest.raises(errors, match="entry_tables must add up to the 1 tables, got 2"):
+        restore(prefix, [table.resource_handle], names, [2])
+    with pytest.raises(errors, match="3 names per entry"):
+        restore(prefix, [table.resource_handle], names[:2], [1])
+    strings = de.HashTable(tf.string, tf.float32, [0.0])
+    with pytest.raises(errors, match="string keys"):
+        restore(prefix, [strings.resource_handle], names, [1])
+    with pytest.raises(tf.errors.NotFoundError):
+        restore(prefix, [table.resource_handle], ["absent", names[1], ""], [1])
+    with pytest.raises(tf.errors.NotFoundError):
+        restore(str(tmp_path / "absent"), [table.resource_handle], names, [1])
+    assert table.lookup([1]).numpy().tolist() == [[1.0]]
+    restore(prefix, [table.resource_handle], names[:2] + [""], [1])  # scores: the table's own
+    assert table.lookup([1]).numpy().tolist() == [[1.0]]

@@ -12,14 +12,20 @@
 // (RestoreV2, tf.train.load_checkpoint) assemble the slices, so the
 // checkpoint holds the same tensors, under the same names, as the export
 // path writes.
+//
+// DynembRestoreTablesFromBundle reads those slices back straight into the
+// tables, a few chunks at a time, instead of RestoreV2 assembling each whole
+// tensor first (as much new memory again as the tables themselves).
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/core/partition.h"
 #include "cc/core/table.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -67,6 +73,49 @@ TensorSlice Rows(int dims, int64_t start, int64_t length) {
   slice.set_start(0, start);
   slice.set_length(0, length);
   return slice;
+}
+
+// The attrs both ops share: entry_tables counts tables per entry (each >= 1,
+// adding up to the `num_tables` inputs), tensor_names holds 3 per entry.
+absl::Status CheckEntryAttrs(const std::vector<int64_t>& entry_tables,
+                             const std::vector<std::string>& tensor_names, int num_tables) {
+  int64_t total = 0;
+  for (int64_t t : entry_tables) {
+    if (t < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("entry_tables must hold counts >= 1, got ", t));
+    }
+    total += t;
+  }
+  if (total != num_tables) {
+    return absl::InvalidArgumentError(absl::StrCat("entry_tables must add up to the ",
+                                                   num_tables, " tables, got ", total));
+  }
+  if (tensor_names.size() != 3 * entry_tables.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor_names must hold 3 names per entry (", 3 * entry_tables.size(),
+                     "), got ", tensor_names.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Table `index` (input order) of the entry named `keys_name` must have
+// numeric keys (TF reads no sliced strings) and the key dtype, value dtype
+// and value shape of the entry's first table.
+absl::Status CheckSameTables(const TableResource& first, const TableResource& table, int index,
+                             const std::string& keys_name) {
+  if (table.key_dtype() == tensorflow::DT_STRING) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", index, " (", keys_name, ") has string keys, which TF cannot read back from ",
+        "slices; checkpoint it through its export"));
+  }
+  if (table.key_dtype() != first.key_dtype() || table.value_dtype() != first.value_dtype() ||
+      table.value_shape() != first.value_shape()) {
+    return absl::InvalidArgumentError(absl::StrCat("the tables of ", keys_name,
+                                                   " differ in key dtype, value dtype or ",
+                                                   "value shape (table ", index, ")"));
+  }
+  return absl::OkStatus();
 }
 
 // Writes `pieces` into one bundle at `prefix`, plus, whole, the tensors of
@@ -133,20 +182,7 @@ class SaveTablesToBundleOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_files", &num_files_));
     int n = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
-    int64_t total = 0;
-    for (int64_t t : entry_tables_) {
-      OP_REQUIRES(ctx, t >= 1,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "entry_tables must hold counts >= 1, got ", t)));
-      total += t;
-    }
-    OP_REQUIRES(ctx, total == n,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "entry_tables must add up to the ", n, " tables, got ", total)));
-    OP_REQUIRES(ctx, tensor_names_.size() == 3 * entry_tables_.size(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "tensor_names must hold 3 names per entry (", 3 * entry_tables_.size(),
-                    "), got ", tensor_names_.size())));
+    OP_REQUIRES_OK(ctx, CheckEntryAttrs(entry_tables_, tensor_names_, n));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -161,25 +197,18 @@ class SaveTablesToBundleOp : public OpKernel {
       e.values_name = tensor_names_[3 * i + 1];
       e.scores_name = tensor_names_[3 * i + 2];
       e.offsets.push_back(0);
+      const TableResource* first = nullptr;
       for (int64_t t = 0; t < entry_tables_[i]; ++t, ++input) {
         tensorflow::core::RefCountPtr<TableResource> resource;
         OP_REQUIRES_OK(ctx, tensorflow::LookupResource(
                                 ctx, tensorflow::HandleFromInput(ctx, input), &resource));
-        OP_REQUIRES(ctx, resource->key_dtype() != tensorflow::DT_STRING,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "table ", input - 1, " (", e.keys_name, ") has string keys, which TF "
-                        "cannot read back from slices; save it through its export")));
         if (t == 0) {
+          first = resource.get();
           e.key_dtype = resource->key_dtype();
           e.value_dtype = resource->value_dtype();
           e.value_shape = resource->value_shape();
         }
-        OP_REQUIRES(ctx, resource->key_dtype() == e.key_dtype &&
-                             resource->value_dtype() == e.value_dtype &&
-                             resource->value_shape() == e.value_shape,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "the tables of ", e.keys_name, " differ in key dtype, value dtype or ",
-                        "value shape (table ", input - 1, ")")));
+        OP_REQUIRES_OK(ctx, CheckSameTables(*first, *resource, input - 1, e.keys_name));
         std::unique_ptr<TableSnapshot> snapshot;
         OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Snapshot(&snapshot)));
         e.offsets.push_back(e.offsets.back() + snapshot->size());
@@ -243,6 +272,316 @@ class SaveTablesToBundleOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("DynembSaveTablesToBundle").Device(tensorflow::DEVICE_CPU),
                         SaveTablesToBundleOp);
+
+
+// ---------------------------------------------------------------------------
+// Restore
+// ---------------------------------------------------------------------------
+
+// Rows read and inserted at a time: a few stored chunks, so an insert spans
+// several of a table's shards (its threads share the work) and the buffers
+// stay small next to the tables.
+constexpr int64_t kRestoreBatchBytes = 32 << 20;
+
+// One object to restore: its tables (a de.Variable's shards, in order), the
+// names of its tensors and the row ranges to read them in.
+struct RestoreEntry {
+  std::string keys_name, values_name, scores_name;  // scores_name empty: not saved
+  std::vector<TableResource*> tables;
+  int64_t rows = 0;
+  // Batches of rows, in order: each a list of [start, length) ranges that are
+  // the keys' stored slices (a streamed checkpoint; reading exactly a stored
+  // slice copies it straight into the buffer), or one range of all rows (a
+  // tensor stored whole, which the reader can only read whole).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> batches;
+  int64_t batch_capacity = 0;  // rows of the largest batch
+
+  TableResource& first() const { return *tables.front(); }
+  int64_t value_bytes() const {
+    return first().value_shape().num_elements() * tensorflow::DataTypeSize(first().value_dtype());
+  }
+};
+
+// Checks that the checkpoint's tensor `name` has `dtype` and `shape`.
+absl::Status CheckStored(tensorflow::BundleReader& reader, const std::string& name,
+                         tensorflow::DataType dtype, const TensorShape& shape) {
+  tensorflow::DataType stored_dtype;
+  TensorShape stored_shape;
+  TF_RETURN_IF_ERROR(reader.LookupDtypeAndShape(name, &stored_dtype, &stored_shape));
+  if (stored_dtype == dtype && stored_shape == shape) return absl::OkStatus();
+  std::string why = "the checkpoint was written for another table";
+  if (stored_shape.dims() == 2 && shape.dims() == 2 &&
+      stored_shape.dim_size(1) != shape.dim_size(1)) {
+    why = absl::StrCat("its rows are of dim ", stored_shape.dim_size(1), ", the table's of dim ",
+                       shape.dim_size(1));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the checkpoint's ", name, " is ", tensorflow::DataTypeString(stored_dtype), " ",
+      stored_shape.DebugString(), ", but the table takes ", tensorflow::DataTypeString(dtype),
+      " ", shape.DebugString(), ": ", why));
+}
+
+// Checks an entry's tensors against its tables and cuts its rows into batches.
+absl::Status PlanEntry(tensorflow::BundleReader& reader, RestoreEntry* e) {
+  const TableResource& t = e->first();
+  TensorShape keys_shape;
+  tensorflow::DataType keys_dtype;
+  TF_RETURN_IF_ERROR(reader.LookupDtypeAndShape(e->keys_name, &keys_dtype, &keys_shape));
+  if (keys_shape.dims() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint's ", e->keys_name,
+                                                   " has shape ", keys_shape.DebugString(),
+                                                   ", expected one dimension of keys"));
+  }
+  e->rows = keys_shape.dim_size(0);
+  TF_RETURN_IF_ERROR(CheckStored(reader, e->keys_name, t.key_dtype(), keys_shape));
+  TF_RETURN_IF_ERROR(CheckStored(reader, e->values_name, t.value_dtype(),
+                                 KeyedShape(keys_shape, t.value_shape())));
+  if (!e->scores_name.empty()) {
+    TF_RETURN_IF_ERROR(CheckStored(reader, e->scores_name, tensorflow::DT_INT64, keys_shape));
+  }
+  std::vector<TensorSlice> stored;
+  TF_RETURN_IF_ERROR(reader.LookupTensorSlices(e->keys_name, &stored));
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const TensorSlice& slice : stored) {
+    ranges.emplace_back(slice.start(0), slice.IsFullAt(0) ? e->rows : slice.length(0));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  if (ranges.empty()) ranges.emplace_back(0, e->rows);  // stored whole
+  int64_t next = 0;
+  for (const auto& [start, length] : ranges) {
+    if (start != next) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the checkpoint's slices of ", e->keys_name, " do not cover its ", e->rows,
+          " rows one after another (row ", next, " is followed by a slice at row ", start, ")"));
+    }
+    next = start + length;
+  }
+  const int64_t row_bytes = e->value_bytes() + tensorflow::DataTypeSize(t.key_dtype()) +
+                            (e->scores_name.empty() ? 0 : sizeof(int64_t));
+  const int64_t batch_rows = std::max<int64_t>(1, kRestoreBatchBytes / row_bytes);
+  int64_t in_batch = 0;
+  for (const auto& range : ranges) {
+    if (range.second == 0) continue;
+    if (e->batches.empty() || in_batch + range.second > batch_rows) {
+      e->batches.emplace_back();
+      in_batch = 0;
+    }
+    e->batches.back().push_back(range);
+    in_batch += range.second;
+    e->batch_capacity = std::max(e->batch_capacity, in_batch);
+  }
+  return absl::OkStatus();
+}
+
+// A batch's rows as read from the checkpoint, in buffers reused across
+// batches, plus the scratch that routes them to a variable's shards.
+struct RestoreBuffers {
+  Tensor keys, values, scores;
+  Tensor routed_keys, routed_values, routed_scores;
+  std::vector<int32_t> shard;
+  std::vector<int64_t> shard_begin;
+
+  absl::Status Allocate(OpKernelContext* ctx, const RestoreEntry& e) {
+    const TableResource& t = e.first();
+    const int64_t n = e.batch_capacity;
+    const TensorShape rows({n});
+    const TensorShape values_shape = KeyedShape(rows, t.value_shape());
+    const TensorShape scores_shape({e.scores_name.empty() ? 0 : n});
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(t.key_dtype(), rows, &keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(t.value_dtype(), values_shape, &values));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, scores_shape, &scores));
+    if (e.tables.size() > 1) {
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(t.key_dtype(), rows, &routed_keys));
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(t.value_dtype(), values_shape, &routed_values));
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, scores_shape, &routed_scores));
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Reads one batch's rows into `b`; returns how many.
+absl::Status ReadBatch(tensorflow::BundleReader& reader, const RestoreEntry& e,
+                       const std::vector<std::pair<int64_t, int64_t>>& batch,
+                       RestoreBuffers* b, int64_t* rows) {
+  const int value_dims = 1 + e.first().value_shape().dims();
+  int64_t at = 0;
+  for (const auto& [start, length] : batch) {
+    Tensor keys = b->keys.Slice(at, at + length);
+    Tensor values = b->values.Slice(at, at + length);
+    TF_RETURN_IF_ERROR(reader.LookupSlice(e.keys_name, Rows(1, start, length), &keys));
+    TF_RETURN_IF_ERROR(
+        reader.LookupSlice(e.values_name, Rows(value_dims, start, length), &values));
+    if (!e.scores_name.empty()) {
+      Tensor scores = b->scores.Slice(at, at + length);
+      TF_RETURN_IF_ERROR(reader.LookupSlice(e.scores_name, Rows(1, start, length), &scores));
+    }
+    at += length;
+  }
+  *rows = at;
+  return absl::OkStatus();
+}
+
+// Groups rows [0, n) of `b` by the shard default_partition_fn sends their
+// keys to (stable: a key's rows keep their order) into the routed buffers;
+// shard s's rows become [shard_begin[s], shard_begin[s + 1]).
+template <typename K>
+void RouteRows(int64_t n, int32_t num_shards, int64_t value_bytes, bool with_scores,
+               RestoreBuffers* b) {
+  const K* keys = static_cast<const K*>(b->keys.data());
+  b->shard.resize(n);
+  b->shard_begin.assign(num_shards + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    b->shard[i] = ShardOfKey(keys[i], num_shards);
+    ++b->shard_begin[b->shard[i] + 1];
+  }
+  for (int32_t s = 0; s < num_shards; ++s) b->shard_begin[s + 1] += b->shard_begin[s];
+  std::vector<int64_t> next(b->shard_begin.begin(), b->shard_begin.end() - 1);
+  K* out_keys = static_cast<K*>(b->routed_keys.data());
+  char* out_values = static_cast<char*>(b->routed_values.data());
+  const char* values = static_cast<const char*>(b->values.data());
+  const int64_t* scores = static_cast<const int64_t*>(b->scores.data());
+  int64_t* out_scores = static_cast<int64_t*>(b->routed_scores.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t to = next[b->shard[i]]++;
+    out_keys[to] = keys[i];
+    std::memcpy(out_values + to * value_bytes, values + i * value_bytes, value_bytes);
+    if (with_scores) out_scores[to] = scores[i];
+  }
+}
+
+// Inserts rows [0, n) of `b` into the entry's tables, routed by key when
+// there are several.
+absl::Status InsertBatch(const RestoreEntry& e, int64_t n, RestoreBuffers* b,
+                         const std::vector<std::unique_ptr<Runner>>& runners) {
+  const bool with_scores = !e.scores_name.empty();
+  const auto scores_of = [&](const Tensor& t, int64_t at) {
+    return with_scores ? static_cast<const uint64_t*>(t.data()) + at : nullptr;
+  };
+  if (e.tables.size() == 1) {
+    return ToTfStatus(e.tables[0]->table().Insert(b->keys.data(), n, b->values.data(),
+                                                  scores_of(b->scores, 0), *runners[0]));
+  }
+  const int32_t num_shards = static_cast<int32_t>(e.tables.size());
+  const int64_t value_bytes = e.value_bytes();
+  if (e.first().key_dtype() == tensorflow::DT_INT32) {
+    RouteRows<int32_t>(n, num_shards, value_bytes, with_scores, b);
+  } else {
+    RouteRows<int64_t>(n, num_shards, value_bytes, with_scores, b);
+  }
+  const int64_t key_bytes = tensorflow::DataTypeSize(e.first().key_dtype());
+  for (int32_t s = 0; s < num_shards; ++s) {
+    const int64_t at = b->shard_begin[s], count = b->shard_begin[s + 1] - at;
+    const char* keys = static_cast<const char*>(b->routed_keys.data()) + at * key_bytes;
+    const char* values = static_cast<const char*>(b->routed_values.data()) + at * value_bytes;
+    TF_RETURN_IF_ERROR(ToTfStatus(e.tables[s]->table().Insert(
+        keys, count, values, scores_of(b->routed_scores, at), *runners[s])));
+  }
+  return absl::OkStatus();
+}
+
+class RestoreTablesFromBundleOp : public OpKernel {
+ public:
+  explicit RestoreTablesFromBundleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_names", &tensor_names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("entry_tables", &entry_tables_));
+    int n = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
+    OP_REQUIRES_OK(ctx, CheckEntryAttrs(entry_tables_, tensor_names_, n));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
+    tensorflow::BundleReader reader(tensorflow::Env::Default(), prefix);
+    OP_REQUIRES_OK(ctx, reader.status());
+    std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
+    std::vector<RestoreEntry> entries(entry_tables_.size());
+    std::vector<std::vector<std::unique_ptr<Runner>>> runners(entries.size());
+    int input = 1;
+    bool all_empty = true;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      RestoreEntry& e = entries[i];
+      e.keys_name = tensor_names_[3 * i];
+      e.values_name = tensor_names_[3 * i + 1];
+      e.scores_name = tensor_names_[3 * i + 2];
+      for (int64_t t = 0; t < entry_tables_[i]; ++t, ++input) {
+        tensorflow::core::RefCountPtr<TableResource> resource;
+        OP_REQUIRES_OK(ctx, tensorflow::LookupResource(
+                                ctx, tensorflow::HandleFromInput(ctx, input), &resource));
+        OP_REQUIRES_OK(ctx, CheckSameTables(e.tables.empty() ? *resource : e.first(), *resource,
+                                            input - 1, e.keys_name));
+        all_empty = all_empty && resource->table().Size() == 0;
+        runners[i].emplace_back();
+        OP_REQUIRES_OK(ctx, resource->NewRunner(ctx, &runners[i].back()));
+        e.tables.push_back(resource.get());
+        resources.push_back(std::move(resource));
+      }
+      OP_REQUIRES_OK(ctx, PlanEntry(reader, &e));
+    }
+    // Tables that hold entries lose them only to a checkpoint read through
+    // once (the reader checks every chunk's checksum). Empty tables have
+    // nothing to lose: a failed load just empties them again.
+    if (!all_empty) {
+      for (const RestoreEntry& e : entries) OP_REQUIRES_OK(ctx, ForEachBatch(ctx, reader, e, nullptr));
+    }
+    for (const RestoreEntry& e : entries) {
+      for (TableResource* t : e.tables) t->table().Clear();
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const absl::Status loaded = ForEachBatch(ctx, reader, entries[i], &runners[i]);
+      if (!loaded.ok()) {
+        for (const RestoreEntry& e : entries) {
+          for (TableResource* t : e.tables) t->table().Clear();
+        }
+        ctx->SetStatus(absl::Status(
+            loaded.code(), absl::StrCat(loaded.message(), " (the restore left the tables empty)")));
+        return;
+      }
+    }
+  }
+
+ private:
+  // Reads every batch of `e`; inserts it too when `runners` is given. While
+  // a batch is inserted, another thread reads the next one: a snapshot's rows
+  // come shard by shard, so a batch lands in few of a table's shards and its
+  // insert keeps about one core busy.
+  static absl::Status ForEachBatch(OpKernelContext* ctx, tensorflow::BundleReader& reader,
+                                   const RestoreEntry& e,
+                                   const std::vector<std::unique_ptr<Runner>>* runners) {
+    const int64_t batches = static_cast<int64_t>(e.batches.size());
+    RestoreBuffers buffers[2];
+    int64_t rows[2] = {0, 0};
+    TF_RETURN_IF_ERROR(buffers[0].Allocate(ctx, e));
+    if (runners == nullptr) {  // a check: read everything, keep nothing
+      for (const auto& batch : e.batches) {
+        TF_RETURN_IF_ERROR(ReadBatch(reader, e, batch, &buffers[0], &rows[0]));
+      }
+      return absl::OkStatus();
+    }
+    if (batches > 1) TF_RETURN_IF_ERROR(buffers[1].Allocate(ctx, e));
+    if (batches > 0) TF_RETURN_IF_ERROR(ReadBatch(reader, e, e.batches[0], &buffers[0], &rows[0]));
+    for (int64_t i = 0; i < batches; ++i) {
+      const int cur = i % 2, nxt = 1 - cur;
+      absl::Status read;
+      std::thread reader_thread;
+      if (i + 1 < batches) {
+        reader_thread = std::thread([&] {
+          read = ReadBatch(reader, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
+        });
+      }
+      const absl::Status inserted = InsertBatch(e, rows[cur], &buffers[cur], *runners);
+      if (reader_thread.joinable()) reader_thread.join();
+      TF_RETURN_IF_ERROR(inserted);
+      TF_RETURN_IF_ERROR(read);
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<std::string> tensor_names_;
+  std::vector<int64_t> entry_tables_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("DynembRestoreTablesFromBundle").Device(tensorflow::DEVICE_CPU),
+                        RestoreTablesFromBundleOp);
 
 }  // namespace
 }  // namespace dynemb
