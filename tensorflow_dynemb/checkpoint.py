@@ -20,6 +20,8 @@ checkpoints written either way are interchangeable. Tables that cannot be stream
 (string keys, GPU tables, a variable's shards on several devices) are exported and
 restored as whole tensors, inside the same saver; so are variables of several shards
 whose keys a custom partitioner routes (the op routes by `default_partition_fn`).
+Both ops write and read local files with direct I/O (cc/kernels/direct_io.h), so a
+checkpoint does not pass through the page cache; `DYNEMB_DIRECT_IO=0` turns that off.
 """
 
 from __future__ import annotations

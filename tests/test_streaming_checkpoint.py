@@ -4,10 +4,14 @@ the files hold the tensors the export path writes, under the same names, whateve
 number of files; restores read them straight into the tables, rerouted to any number of
 shards, and a damaged or mismatched checkpoint leaves the tables as they were;
 checkpoints written either way restore into each other; what cannot be streamed is
-exported inside the same saver; bad op input is an error naming it."""
+exported inside the same saver; the ops write and read local files with direct I/O
+(DYNEMB_DIRECT_IO=0: through the page cache) and the bytes are the same either way;
+bad op input is an error naming it."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 
 import numpy as np
@@ -18,6 +22,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 import tensorflow_dynemb as de
 from tensorflow_dynemb import checkpoint as de_checkpoint
 from tensorflow_dynemb._ops import ops
+from _tables_util import run_python
 
 SAVER = "tensorflow_dynemb.tables"
 
@@ -333,3 +338,90 @@ def test_restore_op_rejects_bad_input(tmp_path):
     assert table.lookup([1]).numpy().tolist() == [[1.0]]
     restore(prefix, [table.resource_handle], names[:2] + [""], [1])  # scores: the table's own
     assert table.lookup([1]).numpy().tolist() == [[1.0]]
+
+
+# Saves a 2-shard variable of 300k keys at dim 16 (24 MB in one or two data files: more
+# than the direct writer's 8 MiB buffer, so full buffers, the helper thread and the
+# padded last block all run) into argv[1], restores it into 3 shards, checks the rows.
+SAVE_AND_RESTORE = """
+import sys
+import numpy as np
+import tensorflow as tf
+import tensorflow_dynemb as de
+from tensorflow_dynemb import checkpoint
+checkpoint._MIN_ROWS_PER_FILE = 100000  # two files, where there are two cores
+v = de.Variable(tf.int64, tf.float32, dim=16, devices=["/CPU:0"] * 2, name="emb")
+keys = np.arange(1, 300001, dtype=np.int64) * 7919
+v.upsert(keys, np.arange(300000 * 16, dtype=np.float32).reshape(300000, 16))
+prefix = tf.train.Checkpoint(v=v).write(sys.argv[1] + "/ck")
+restored = de.Variable(tf.int64, tf.float32, dim=16, devices=["/CPU:0"] * 3, name="emb")
+tf.train.Checkpoint(v=restored).read(prefix).assert_consumed()
+np.testing.assert_array_equal(restored.lookup(keys).numpy(), v.lookup(keys).numpy())
+"""
+
+
+def resident_pages(path):
+    """How many of the file's pages are in the page cache (mincore on a mapping)."""
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = os.sysconf("SC_PAGE_SIZE")
+    vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec)
+
+
+def takes_direct_io(directory):
+    try:
+        fd = os.open(os.path.join(directory, "probe"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def test_direct_and_buffered_saves_write_the_same_bytes(tmp_path, monkeypatch):
+    if not takes_direct_io(str(tmp_path)):
+        pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT (the buffered path runs)")
+    script = tmp_path / "save_and_restore.py"
+    script.write_text(SAVE_AND_RESTORE)
+    for setting in ("1", "0"):
+        (tmp_path / setting).mkdir()
+        monkeypatch.setenv("DYNEMB_DIRECT_IO", setting)
+        run_python(str(script), str(tmp_path / setting))
+    names = sorted(os.listdir(tmp_path / "1"))
+    assert names == sorted(os.listdir(tmp_path / "0"))
+    # The streamed data files never went through the page cache (checked before the
+    # comparison below reads them).
+    streamed = [n for n in names if os.path.getsize(tmp_path / "1" / n) > 8 << 20]
+    assert streamed
+    assert [resident_pages(tmp_path / "1" / n) for n in streamed] == [0] * len(streamed)
+    assert all(resident_pages(tmp_path / "0" / n) > 0 for n in streamed)
+    for name in names:
+        direct, buffered = (open(tmp_path / d / name, "rb").read() for d in ("1", "0"))
+        assert direct == buffered, name
+
+
+@pytest.mark.parametrize("scheme", ["file://", "ram://"])
+def test_paths_with_a_scheme(tmp_path, scheme):
+    # file:// is the local file system (direct I/O); other schemes (here TF's in-memory
+    # file system) go to their own file system unchanged.
+    v, keys, values = filled_variable(2, 1000)
+    where = f"file://{tmp_path}/ck" if scheme == "file://" else f"ram://{tmp_path.name}/ck"
+    prefix = tf.train.Checkpoint(v=v).write(where)
+    restored = de.Variable(tf.int64, tf.float32, dim=3, devices=["/CPU:0"] * 3, name="emb")
+    tf.train.Checkpoint(v=restored).read(prefix).assert_consumed()
+    np.testing.assert_array_equal(restored.lookup(keys).numpy(), values)
