@@ -27,6 +27,7 @@ namespace {
 
 constexpr int kShardBits = 8;
 constexpr int kNumShards = 1 << kShardBits;
+static_assert(kNumShards <= 65536, "ForEachShard lists shard ids as uint16_t");
 constexpr uint64_t kMinShardSlots = 8;
 // Batches below this many keys run on the calling thread: handing a few
 // hundred keys to a thread pool costs more than it saves.
@@ -976,23 +977,31 @@ class CpuTable final : public Table {
                       int64_t n, const Runner& runner, Fn&& fn, bool serial = false) {
     std::mutex error_mu;
     Status first_error;
+    // The shards the batch touches, in order. Only they are split among the
+    // threads: a batch concentrated in a few shards (a checkpoint's rows come
+    // shard by shard) would otherwise fall into one thread's block of all
+    // kNumShards, and one thread would do all of it.
+    std::array<uint16_t, kNumShards> touched;
+    int64_t count = 0;
+    for (int s = 0; s < kNumShards; ++s) {
+      if (begin[s] != begin[s + 1]) touched[count++] = static_cast<uint16_t>(s);
+    }
     auto run = [&](int64_t first, int64_t last) {
-      for (int64_t s = first; s < last; ++s) {
+      for (int64_t i = first; i < last; ++i) {
+        const int s = touched[i];
         const uint32_t b = begin[s], e = begin[s + 1];
-        if (b == e) continue;
-        Status status =
-            fn(static_cast<int>(s), shards_[s], order + b, static_cast<int64_t>(e - b));
+        Status status = fn(s, shards_[s], order + b, static_cast<int64_t>(e - b));
         if (!status.ok()) {
           std::lock_guard<std::mutex> lock(error_mu);
           if (first_error.ok()) first_error = status;
         }
       }
     };
-    if (serial || n < kParallelMinKeys) {
-      run(0, kNumShards);
+    if (serial || n < kParallelMinKeys || count <= 1) {
+      run(0, count);
     } else {
-      const int64_t keys_per_shard = n / kNumShards + 1;
-      runner.ParallelFor(kNumShards, keys_per_shard * 200, run);
+      const int64_t keys_per_shard = n / count + 1;
+      runner.ParallelFor(count, keys_per_shard * 200, run);
     }
     return first_error;
   }
