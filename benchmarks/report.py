@@ -116,6 +116,8 @@ def train_state_table(records):
         line("checkpoint files, bytes per key", "file_bytes_per_key", 1, "{:.1f}", True)
         line("save's peak memory beyond the state, bytes per key", "save_peak_extra_bytes_per_key", 1,
              "{:.1f}", True)
+        line("restore's peak memory (the restored state included), bytes per key",
+             "restore_peak_bytes_per_key", 1, "{:.1f}", True)
         verdicts = _state_verdicts(rec)
         if verdicts:
             rows.append("")

@@ -23,7 +23,9 @@ one takes every place in the order.
   keys/s = keys / seconds (each key carries its three rows), file size = the bytes of
   every file written, beside the payload. The restored sizes are checked. The save's
   peak memory beyond the state (VmHWM after the save - VmRSS before it, the peak reset
-  first) says whether a save copies the state.
+  first) says whether a save copies the state; the restore's peak (VmHWM after the
+  restore - VmRSS before it) is the restored state plus what the restore held meanwhile
+  (whole tensors, for a library that reads them before importing).
 - Each child starts after `os.sync()`: a checkpoint of 10M keys is ~2 GB of dirty page
   cache, and once the machine's dirty pages pass ~10% of memory the kernel throttles the
   writer to the disk's speed (here 2.2 GB `dd` writes took 1.0 s with nothing dirty and
@@ -119,15 +121,18 @@ def run_child(args):
     if args.mode == "restore":
         # The names (and, dense, the shapes) the checkpoint has.
         variables = _dense_vars(n, dim) if args.child == "dense" else _make_vars(args.child, dim, "state")
-        rss0 = _rss_bytes()
+        rss0, peak_known = _rss_bytes(), _reset_peak_rss()
         t0 = time.perf_counter()
         tf.train.Checkpoint(**variables).read(os.path.join(args.ckpt_dir, "ckpt"))
         sizes = _sizes(variables)  # waits for the restore
         restore_s = time.perf_counter() - t0
-        print_result({
+        result = {
             "impl": args.child, "mode": "restore", "keys": n, "dim": dim, "tf": tf.__version__,
             "restore_seconds": restore_s, "restore_keys_per_s": n / restore_s,
-            "restored_sizes": sizes, "restore_rss_delta_per_key": (_rss_bytes() - rss0) / n})
+            "restored_sizes": sizes, "restore_rss_delta_per_key": (_rss_bytes() - rss0) / n}
+        if peak_known:  # the restored state plus whatever the restore held meanwhile
+            result["restore_peak_bytes_per_key"] = (_rss_bytes("VmHWM") - rss0) / n
+        print_result(result)
         return
     rng = np.random.default_rng(0)
     keys = tf.constant(rng.integers(1, 2 ** 62, size=n, dtype=np.int64))
@@ -246,7 +251,7 @@ def main():
                 else:
                     print(f"{mode} round {r} {impl:5s}: save {res['save_keys_per_s'] / 1e6:.2f} M keys/s "
                           f"({res['save_seconds']:.2f} s, peak +{res.get('save_peak_extra_bytes_per_key', 0):.0f} B/key), restore {res['restore_keys_per_s'] / 1e6:.2f} M keys/s "
-                          f"({res['restore_seconds']:.2f} s), files {res['file_bytes_per_key']:.1f} B/key "
+                          f"({res['restore_seconds']:.2f} s, peak {res.get('restore_peak_bytes_per_key', 0):.0f} B/key), files {res['file_bytes_per_key']:.1f} B/key "
                           f"({res['file_bytes_per_key'] / payload:.2f}x payload), restored {res['restored_sizes']}",
                           flush=True)
 
@@ -264,7 +269,7 @@ def main():
         ck = ok(impl, "checkpoint")
         if ck:
             for field in ("save_keys_per_s", "restore_keys_per_s", "file_bytes_per_key",
-                          "save_peak_extra_bytes_per_key"):
+                          "save_peak_extra_bytes_per_key", "restore_peak_bytes_per_key"):
                 s[field] = sorted(x[field] for x in ck if field in x)
         summary[impl] = s
     verdicts = []
