@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
+#include "cc/kernels/bundle_slices.h"
 #include "cc/kernels/direct_io.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -432,8 +433,30 @@ struct RestoreBuffers {
   }
 };
 
+// The checkpoint a restore reads: TF's reader for its index and metadata,
+// BundleSlices for the bytes.
+class RestoreSource {
+ public:
+  explicit RestoreSource(const std::string& prefix)
+      : reader_(CheckpointEnv(), prefix), slices_(&reader_, prefix, CheckpointEnv()) {}
+
+  tensorflow::BundleReader& reader() { return reader_; }
+
+  // Reads the stored slice `slice` of `name` into `out`: straight from the
+  // file where BundleSlices can, else through the reader.
+  absl::Status Read(const std::string& name, const TensorSlice& slice, Tensor* out) {
+    const absl::Status direct = slices_.Read(name, slice, out);
+    if (direct.code() != absl::StatusCode::kUnimplemented) return direct;
+    return reader_.LookupSlice(name, slice, out);
+  }
+
+ private:
+  tensorflow::BundleReader reader_;
+  BundleSlices slices_;
+};
+
 // Reads one batch's rows into `b`; returns how many.
-absl::Status ReadBatch(tensorflow::BundleReader& reader, const RestoreEntry& e,
+absl::Status ReadBatch(RestoreSource& source, const RestoreEntry& e,
                        const std::vector<std::pair<int64_t, int64_t>>& batch,
                        RestoreBuffers* b, int64_t* rows) {
   const int value_dims = 1 + e.first().value_shape().dims();
@@ -441,12 +464,11 @@ absl::Status ReadBatch(tensorflow::BundleReader& reader, const RestoreEntry& e,
   for (const auto& [start, length] : batch) {
     Tensor keys = b->keys.Slice(at, at + length);
     Tensor values = b->values.Slice(at, at + length);
-    TF_RETURN_IF_ERROR(reader.LookupSlice(e.keys_name, Rows(1, start, length), &keys));
-    TF_RETURN_IF_ERROR(
-        reader.LookupSlice(e.values_name, Rows(value_dims, start, length), &values));
+    TF_RETURN_IF_ERROR(source.Read(e.keys_name, Rows(1, start, length), &keys));
+    TF_RETURN_IF_ERROR(source.Read(e.values_name, Rows(value_dims, start, length), &values));
     if (!e.scores_name.empty()) {
       Tensor scores = b->scores.Slice(at, at + length);
-      TF_RETURN_IF_ERROR(reader.LookupSlice(e.scores_name, Rows(1, start, length), &scores));
+      TF_RETURN_IF_ERROR(source.Read(e.scores_name, Rows(1, start, length), &scores));
     }
     at += length;
   }
@@ -520,8 +542,8 @@ class RestoreTablesFromBundleOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
-    tensorflow::BundleReader reader(CheckpointEnv(), prefix);
-    OP_REQUIRES_OK(ctx, reader.status());
+    RestoreSource source(prefix);
+    OP_REQUIRES_OK(ctx, source.reader().status());
     std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
     std::vector<RestoreEntry> entries(entry_tables_.size());
     std::vector<std::vector<std::unique_ptr<Runner>>> runners(entries.size());
@@ -544,21 +566,21 @@ class RestoreTablesFromBundleOp : public OpKernel {
         e.tables.push_back(resource.get());
         resources.push_back(std::move(resource));
       }
-      OP_REQUIRES_OK(ctx, PlanEntry(reader, &e));
+      OP_REQUIRES_OK(ctx, PlanEntry(source.reader(), &e));
     }
     // Tables that hold entries lose them only to a checkpoint read through
     // once (the reader checks every chunk's checksum). Empty tables have
     // nothing to lose: a failed load just empties them again.
     if (!all_empty) {
       for (const RestoreEntry& e : entries) {
-        OP_REQUIRES_OK(ctx, ForEachBatch(ctx, reader, e, nullptr));
+        OP_REQUIRES_OK(ctx, ForEachBatch(ctx, source, e, nullptr));
       }
     }
     for (const RestoreEntry& e : entries) {
       for (TableResource* t : e.tables) t->table().Clear();
     }
     for (size_t i = 0; i < entries.size(); ++i) {
-      const absl::Status loaded = ForEachBatch(ctx, reader, entries[i], &runners[i]);
+      const absl::Status loaded = ForEachBatch(ctx, source, entries[i], &runners[i]);
       if (!loaded.ok()) {
         for (const RestoreEntry& e : entries) {
           for (TableResource* t : e.tables) t->table().Clear();
@@ -575,7 +597,7 @@ class RestoreTablesFromBundleOp : public OpKernel {
   // a batch is inserted, another thread reads the next one: a snapshot's rows
   // come shard by shard, so a batch lands in few of a table's shards and its
   // insert keeps about one core busy.
-  static absl::Status ForEachBatch(OpKernelContext* ctx, tensorflow::BundleReader& reader,
+  static absl::Status ForEachBatch(OpKernelContext* ctx, RestoreSource& source,
                                    const RestoreEntry& e,
                                    const std::vector<std::unique_ptr<Runner>>* runners) {
     const int64_t batches = static_cast<int64_t>(e.batches.size());
@@ -584,19 +606,19 @@ class RestoreTablesFromBundleOp : public OpKernel {
     TF_RETURN_IF_ERROR(buffers[0].Allocate(ctx, e));
     if (runners == nullptr) {  // a check: read everything, keep nothing
       for (const auto& batch : e.batches) {
-        TF_RETURN_IF_ERROR(ReadBatch(reader, e, batch, &buffers[0], &rows[0]));
+        TF_RETURN_IF_ERROR(ReadBatch(source, e, batch, &buffers[0], &rows[0]));
       }
       return absl::OkStatus();
     }
     if (batches > 1) TF_RETURN_IF_ERROR(buffers[1].Allocate(ctx, e));
-    if (batches > 0) TF_RETURN_IF_ERROR(ReadBatch(reader, e, e.batches[0], &buffers[0], &rows[0]));
+    if (batches > 0) TF_RETURN_IF_ERROR(ReadBatch(source, e, e.batches[0], &buffers[0], &rows[0]));
     for (int64_t i = 0; i < batches; ++i) {
       const int cur = i % 2, nxt = 1 - cur;
       absl::Status read;
       std::thread reader_thread;
       if (i + 1 < batches) {
         reader_thread = std::thread([&] {
-          read = ReadBatch(reader, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
+          read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
         });
       }
       const absl::Status inserted = InsertBatch(e, rows[cur], &buffers[cur], *runners);
