@@ -85,6 +85,7 @@ class CheckpointTables(NamedTuple):
     # len(tables))` (always true of one table).
     routes_by_default: bool = True
 
+
 # At most this many bundle files per device and save, and at least this many rows each.
 _MAX_FILES = 4
 _MIN_ROWS_PER_FILE = 1 << 20
@@ -131,8 +132,9 @@ def _tensor_names(path: str, with_scores: bool) -> List[str]:
 
 
 def _stream_device(tables) -> Optional[str]:
-    """The device of `tables` if DynembSaveTablesToBundle can stream them: CPU tables
-    with numeric keys, all on one device ("": the default one). None otherwise."""
+    """The device of `tables` if the streaming ops (DynembSaveTablesToBundle,
+    DynembRestoreTablesFromBundle) take them: CPU tables with numeric keys, all on one
+    device ("": the default one). None otherwise."""
     if any(table.key_dtype == tf.string for table in tables):
         return None
     # Where the handle is (eager handles name it in full), else the device the table
@@ -157,15 +159,16 @@ def _num_files(entries) -> int:
 
 
 def _split_by_device(trackables: Dict[str, object], restoring: bool):
-    """`(streamed, whole)`: the objects the ops stream, as {device: [(path,
-    CheckpointTables)]}, and the `(name, object)`s saved or restored as whole tensors."""
+    """`(streamed, whole)`: the objects the ops stream, as sorted `(device, [(path,
+    CheckpointTables)])` pairs, and the `(name, object, CheckpointTables)` of those saved
+    or restored as whole tensors."""
     streamed = collections.defaultdict(list)
     whole = []
     for name, obj in trackables.items():
         spec = getattr(obj, _TABLES_HOOK)()
         device = _stream_device(spec.tables)
         if device is None or (restoring and not spec.routes_by_default):
-            whole.append((name, obj))
+            whole.append((name, obj, spec))
         else:
             streamed[device].append((_object_path(name), spec))
     return sorted(streamed.items()), whole
@@ -197,7 +200,7 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
             )
     # The rest as the export path saves them: whole tensors, one SaveV2 per device.
     by_device = collections.defaultdict(list)
-    for name, obj in exported:
+    for name, obj, _ in exported:
         path = _object_path(name)
         for local, tensor in obj._serialize_to_tensors().items():
             by_device[tensor.device].append((_trackable_utils.checkpoint_key(path, local), tensor))
@@ -226,11 +229,11 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
     for device, entries in streamed:
         with tf.device(device):
             ops.dynemb_restore_tables_from_bundle(prefix=merged_prefix, **_stream_op_inputs(entries))
-    for name, obj in whole:
-        tables, with_scores, _ = getattr(obj, _TABLES_HOOK)()
-        locals_ = [CKPT_KEYS, CKPT_VALUES] + ([CKPT_SCORES] if with_scores else [])
-        dtypes = [tables[0].key_dtype, tables[0].value_dtype, tf.int64][: len(locals_)]
-        names = [n for n in _tensor_names(_object_path(name), with_scores) if n]
+    for name, obj, spec in whole:
+        locals_ = [CKPT_KEYS, CKPT_VALUES] + ([CKPT_SCORES] if spec.with_scores else [])
+        key_dtype, value_dtype = spec.tables[0].key_dtype, spec.tables[0].value_dtype
+        dtypes = [key_dtype, value_dtype, tf.int64][: len(locals_)]
+        names = [n for n in _tensor_names(_object_path(name), spec.with_scores) if n]
         with tf.device("/CPU:0"):
             tensors = tf.raw_ops.RestoreV2(
                 prefix=merged_prefix,

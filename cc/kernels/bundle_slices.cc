@@ -43,7 +43,10 @@ uint32_t Crc32c(const char*, size_t) { return 0; }  // never called: the reader 
 
 BundleSlices::BundleSlices(tensorflow::BundleReader* reader, std::string prefix,
                            tensorflow::Env* env)
-    : reader_(reader), prefix_(std::move(prefix)), env_(env) {}
+    : reader_(reader), prefix_(std::move(prefix)), env_(env) {
+  usable_ = reader_->status().ok() ? ReadHeader()
+                                   : absl::UnimplementedError("the bundle did not open");
+}
 
 absl::Status BundleSlices::ReadHeader() {
   if (!HaveCrc32cInstruction()) return absl::UnimplementedError("no CRC32C instruction");
@@ -64,10 +67,6 @@ absl::Status BundleSlices::ReadHeader() {
 
 absl::Status BundleSlices::Read(const std::string& name, const tensorflow::TensorSlice& slice,
                                 tensorflow::Tensor* out) {
-  if (!header_read_) {
-    usable_ = ReadHeader();
-    header_read_ = true;
-  }
   TF_RETURN_IF_ERROR(usable_);
   // The full tensor's entry, then the stored slice's (keyed by name and extent).
   const auto entry_of = [this](const std::string& key, tensorflow::BundleEntryProto* entry) {
@@ -84,7 +83,8 @@ absl::Status BundleSlices::Read(const std::string& name, const tensorflow::Tenso
   tensorflow::BundleEntryProto entry;
   TF_RETURN_IF_ERROR(entry_of(name, &entry));
   if (entry.slices_size() > 0) {
-    TF_RETURN_IF_ERROR(entry_of(tensorflow::checkpoint::EncodeTensorNameSlice(name, slice), &entry));
+    const std::string slice_key = tensorflow::checkpoint::EncodeTensorNameSlice(name, slice);
+    TF_RETURN_IF_ERROR(entry_of(slice_key, &entry));
   } else if (slice.start(0) != 0) {
     return absl::UnimplementedError(absl::StrCat(name, " is stored whole"));
   }

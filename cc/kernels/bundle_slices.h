@@ -30,7 +30,8 @@ namespace dynemb {
 class BundleSlices {
  public:
   // `reader` (opened on `prefix`) must outlive this object; the two are used
-  // by one thread at a time. Data files are opened through `env`.
+  // by one thread at a time. Data files are opened through `env`. A reader
+  // that failed to open leaves every Read to fall back (to its error).
   BundleSlices(tensorflow::BundleReader* reader, std::string prefix, tensorflow::Env* env);
 
   // Reads the stored bytes of `name` for `slice` into `out` (shaped for the
@@ -45,8 +46,7 @@ class BundleSlices {
   tensorflow::BundleReader* const reader_;
   const std::string prefix_;
   tensorflow::Env* const env_;
-  bool header_read_ = false;
-  absl::Status usable_;  // kUnimplemented: every Read falls back
+  absl::Status usable_;  // not OK (kUnimplemented): every Read falls back
   int32_t num_shards_ = 1;
   std::map<int32_t, std::unique_ptr<tensorflow::RandomAccessFile>> files_;
 };

@@ -70,6 +70,18 @@ struct Piece {
   int64_t at;          // the entry's row of `begin`
 };
 
+// Bytes of one row of values of `value_shape`.
+int64_t ValueBytes(tensorflow::DataType value_dtype, const TensorShape& value_shape) {
+  return value_shape.num_elements() * tensorflow::DataTypeSize(value_dtype);
+}
+
+// Bytes one row of an entry takes in the files: key, values and score.
+int64_t FileBytesPerRow(tensorflow::DataType key_dtype, tensorflow::DataType value_dtype,
+                        const TensorShape& value_shape, bool with_scores) {
+  return tensorflow::DataTypeSize(key_dtype) + ValueBytes(value_dtype, value_shape) +
+         (with_scores ? static_cast<int64_t>(sizeof(int64_t)) : 0);
+}
+
 TensorSlice Rows(int dims, int64_t start, int64_t length) {
   TensorSlice slice(dims);
   slice.set_start(0, start);
@@ -140,8 +152,7 @@ absl::Status WriteBundle(const std::string& prefix, const std::vector<Piece>& pi
   }
   for (const Piece& p : pieces) {
     const Entry& e = *p.entry;
-    const int64_t value_bytes =
-        e.value_shape.num_elements() * tensorflow::DataTypeSize(e.value_dtype);
+    const int64_t value_bytes = ValueBytes(e.value_dtype, e.value_shape);
     const int64_t key_bytes = tensorflow::DataTypeSize(e.key_dtype);
     const int64_t chunk_rows =
         std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, value_bytes));
@@ -180,11 +191,8 @@ absl::Status WriteBundle(const std::string& prefix, const std::vector<Piece>& pi
   return writer.Finish();
 }
 
-// Bytes an entry's row takes in the files: key, values and score.
 int64_t FileBytesPerRow(const Entry& e) {
-  return tensorflow::DataTypeSize(e.key_dtype) +
-         e.value_shape.num_elements() * tensorflow::DataTypeSize(e.value_dtype) +
-         (e.scores_name.empty() ? 0 : static_cast<int64_t>(sizeof(int64_t)));
+  return FileBytesPerRow(e.key_dtype, e.value_dtype, e.value_shape, !e.scores_name.empty());
 }
 
 // Where `files` files of about equal bytes start: cuts[f] is the first row of
@@ -331,9 +339,7 @@ struct RestoreEntry {
   int64_t batch_capacity = 0;  // rows of the largest batch
 
   TableResource& first() const { return *tables.front(); }
-  int64_t value_bytes() const {
-    return first().value_shape().num_elements() * tensorflow::DataTypeSize(first().value_dtype());
-  }
+  int64_t value_bytes() const { return ValueBytes(first().value_dtype(), first().value_shape()); }
 };
 
 // Checks that the checkpoint's tensor `name` has `dtype` and `shape`.
@@ -390,8 +396,8 @@ absl::Status PlanEntry(tensorflow::BundleReader& reader, RestoreEntry* e) {
     }
     next = start + length;
   }
-  const int64_t row_bytes = e->value_bytes() + tensorflow::DataTypeSize(t.key_dtype()) +
-                            (e->scores_name.empty() ? 0 : sizeof(int64_t));
+  const int64_t row_bytes = FileBytesPerRow(t.key_dtype(), t.value_dtype(), t.value_shape(),
+                                            !e->scores_name.empty());
   const int64_t batch_rows = std::max<int64_t>(1, kRestoreBatchBytes / row_bytes);
   int64_t in_batch = 0;
   for (const auto& range : ranges) {
@@ -594,9 +600,8 @@ class RestoreTablesFromBundleOp : public OpKernel {
 
  private:
   // Reads every batch of `e`; inserts it too when `runners` is given. While
-  // a batch is inserted, another thread reads the next one: a snapshot's rows
-  // come shard by shard, so a batch lands in few of a table's shards and its
-  // insert keeps about one core busy.
+  // a batch is inserted, another thread reads the next one, so the file's
+  // reads and checksums overlap the inserts.
   static absl::Status ForEachBatch(OpKernelContext* ctx, RestoreSource& source,
                                    const RestoreEntry& e,
                                    const std::vector<std::unique_ptr<Runner>>* runners) {
