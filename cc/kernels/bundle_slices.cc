@@ -39,6 +39,13 @@ bool HaveCrc32cInstruction() { return false; }
 uint32_t Crc32c(const char*, size_t) { return 0; }  // never called: the reader falls back
 #endif
 
+// Whether `slice` asks for every row of the tensor `entry` describes.
+bool CoversWhole(const tensorflow::TensorSlice& slice, const tensorflow::BundleEntryProto& entry) {
+  if (slice.IsFullAt(0)) return true;
+  return slice.start(0) == 0 && entry.shape().dim_size() > 0 &&
+         slice.length(0) == entry.shape().dim(0).size();
+}
+
 }  // namespace
 
 BundleSlices::BundleSlices(tensorflow::BundleReader* reader, std::string prefix,
@@ -85,7 +92,8 @@ absl::Status BundleSlices::Read(const std::string& name, const tensorflow::Tenso
   if (entry.slices_size() > 0) {
     const std::string slice_key = tensorflow::checkpoint::EncodeTensorNameSlice(name, slice);
     TF_RETURN_IF_ERROR(entry_of(slice_key, &entry));
-  } else if (slice.start(0) != 0) {
+  } else if (!CoversWhole(slice, entry)) {
+    // A part of a tensor stored whole: the reader cuts it out.
     return absl::UnimplementedError(absl::StrCat(name, " is stored whole"));
   }
   const size_t bytes = out->TotalBytes();

@@ -9,8 +9,9 @@
 // change 15). Where each chunk's bytes lie (data file, offset, size) and
 // their masked CRC32C are in the bundle's index, which BundleReader lets us
 // iterate. A read this reader cannot serve (no SSE4.2, a bundle of the other
-// byte order, no stored slice of exactly those rows) answers kUnimplemented,
-// and the caller reads through LookupSlice instead.
+// byte order, no stored slice of exactly those rows, some rows of a tensor
+// stored whole) answers kUnimplemented, and the caller reads through
+// LookupSlice instead.
 
 #ifndef DYNEMB_KERNELS_BUNDLE_SLICES_H_
 #define DYNEMB_KERNELS_BUNDLE_SLICES_H_
@@ -35,7 +36,7 @@ class BundleSlices {
   BundleSlices(tensorflow::BundleReader* reader, std::string prefix, tensorflow::Env* env);
 
   // Reads the stored bytes of `name` for `slice` into `out` (shaped for the
-  // slice): the stored slice equal to `slice`, or, with `slice` full, the
+  // slice): the stored slice equal to `slice`, or, with `slice` all rows, the
   // tensor stored whole. kDataLoss when the bytes do not match their CRC32C.
   absl::Status Read(const std::string& name, const tensorflow::TensorSlice& slice,
                     tensorflow::Tensor* out);

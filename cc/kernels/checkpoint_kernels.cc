@@ -453,7 +453,14 @@ class RestoreSource {
   absl::Status Read(const std::string& name, const TensorSlice& slice, Tensor* out) {
     const absl::Status direct = slices_.Read(name, slice, out);
     if (direct.code() != absl::StatusCode::kUnimplemented) return direct;
-    return reader_.LookupSlice(name, slice, out);
+    if (out->IsAligned()) return reader_.LookupSlice(name, slice, out);
+    // The reader fills tensors through flat<T>(), which aborts the process on
+    // a misaligned one, and a batch's later ranges are views at any row.
+    Tensor aligned(out->dtype(), out->shape());
+    TF_RETURN_IF_ERROR(reader_.LookupSlice(name, slice, &aligned));
+    std::memcpy(const_cast<char*>(out->tensor_data().data()), aligned.tensor_data().data(),
+                aligned.TotalBytes());
+    return absl::OkStatus();
   }
 
  private:
