@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -200,6 +202,16 @@ def test_bad_hkv_arguments(kwargs, error, match):
 def test_bad_hkv_config(config_kwargs, error, match):
     with pytest.raises(error, match=match):
         de.HkvHashTable(tf.int64, tf.float32, 0.0, config=de.HkvHashTableConfig(**config_kwargs))
+
+
+def test_init_capacity_beyond_the_machines_memory_is_an_error():
+    # A new table writes its slot arrays at once (>= 8 bytes a key): asked for as many
+    # keys as the machine has bytes, it would be killed for memory, not raise.
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"init_capacity {memory} needs \d+ MiB of slot arrays at once, "
+                             rf"more than this machine's {memory >> 20} MiB"):
+        de.HkvHashTable(tf.int64, tf.float32, 0.0, init_capacity=memory, max_capacity=memory)
 
 
 # ----------------------------------------------------------------------------------------

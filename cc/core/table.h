@@ -398,6 +398,9 @@ struct TableCounters {
 // ---------------------------------------------------------------------------
 // Table: the interface every implementation provides. All methods are
 // thread-safe. `n` may be 0. Pointers may be null only where documented.
+// Methods that return a Status do not throw: running out of memory is
+// kResourceExhausted, and the table keeps what it held plus the rows of the
+// batch applied before.
 // ---------------------------------------------------------------------------
 class Table {
  public:

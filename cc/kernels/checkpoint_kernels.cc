@@ -229,6 +229,11 @@ class SaveTablesToBundleOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    FailOpWhenOutOfMemory(ctx, [&] { ComputeBody(ctx); });
+  }
+
+ private:
+  void ComputeBody(OpKernelContext* ctx) {
     const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
     // The resources stay referenced until the snapshots are gone.
     std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
@@ -296,7 +301,11 @@ class SaveTablesToBundleOp : public OpKernel {
     std::vector<absl::Status> status(files);
     const std::vector<const Entry*> none;
     const auto write = [&](int64_t f) {
-      status[f] = WriteBundle(file_prefixes[f], pieces[f], f == 0 ? empty : none);
+      try {  // an exception must not escape a writer thread
+        status[f] = WriteBundle(file_prefixes[f], pieces[f], f == 0 ? empty : none);
+      } catch (const std::bad_alloc&) {
+        status[f] = absl::ResourceExhaustedError("out of memory writing the checkpoint");
+      }
     };
     // Own threads, not the op's pool: they run while this op holds the tables'
     // locks, and a pool thread could be one that waits for those locks.
@@ -307,7 +316,6 @@ class SaveTablesToBundleOp : public OpKernel {
     for (const absl::Status& s : status) OP_REQUIRES_OK(ctx, s);
   }
 
- private:
   std::vector<std::string> tensor_names_;
   std::vector<int64_t> entry_tables_;
   int64_t num_files_ = 1;
@@ -419,7 +427,7 @@ struct RestoreBuffers {
   Tensor keys, values, scores;
   Tensor routed_keys, routed_values, routed_scores;
   std::vector<int32_t> shard;
-  std::vector<int64_t> shard_begin;
+  std::vector<int64_t> shard_begin, next;
 
   absl::Status Allocate(OpKernelContext* ctx, const RestoreEntry& e) {
     const TableResource& t = e.first();
@@ -434,6 +442,11 @@ struct RestoreBuffers {
       TF_RETURN_IF_ERROR(ctx->allocate_temp(t.key_dtype(), rows, &routed_keys));
       TF_RETURN_IF_ERROR(ctx->allocate_temp(t.value_dtype(), values_shape, &routed_values));
       TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, scores_shape, &routed_scores));
+      // Reserved now, so that routing a batch allocates nothing while the
+      // reader thread runs (an exception then would end the process).
+      shard.reserve(n);
+      shard_begin.reserve(e.tables.size() + 1);
+      next.reserve(e.tables.size());
     }
     return absl::OkStatus();
   }
@@ -503,7 +516,8 @@ void RouteRows(int64_t n, int32_t num_shards, int64_t value_bytes, bool with_sco
     ++b->shard_begin[b->shard[i] + 1];
   }
   for (int32_t s = 0; s < num_shards; ++s) b->shard_begin[s + 1] += b->shard_begin[s];
-  std::vector<int64_t> next(b->shard_begin.begin(), b->shard_begin.end() - 1);
+  std::vector<int64_t>& next = b->next;
+  next.assign(b->shard_begin.begin(), b->shard_begin.end() - 1);
   K* out_keys = static_cast<K*>(b->routed_keys.data());
   char* out_values = static_cast<char*>(b->routed_values.data());
   const char* values = static_cast<const char*>(b->values.data());
@@ -554,6 +568,11 @@ class RestoreTablesFromBundleOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    FailOpWhenOutOfMemory(ctx, [&] { ComputeBody(ctx); });
+  }
+
+ private:
+  void ComputeBody(OpKernelContext* ctx) {
     const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
     RestoreSource source(prefix);
     OP_REQUIRES_OK(ctx, source.reader().status());
@@ -605,7 +624,6 @@ class RestoreTablesFromBundleOp : public OpKernel {
     }
   }
 
- private:
   // Reads every batch of `e`; inserts it too when `runners` is given. While
   // a batch is inserted, another thread reads the next one, so the file's
   // reads and checksums overlap the inserts.
@@ -630,7 +648,11 @@ class RestoreTablesFromBundleOp : public OpKernel {
       std::thread reader_thread;
       if (i + 1 < batches) {
         reader_thread = std::thread([&] {
-          read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
+          try {
+            read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
+          } catch (const std::bad_alloc&) {  // it must not escape the thread
+            read = absl::ResourceExhaustedError("out of memory reading the checkpoint");
+          }
         });
       }
       const absl::Status inserted = InsertBatch(e, rows[cur], &buffers[cur], *runners);

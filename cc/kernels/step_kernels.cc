@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cc/core/dedup.h"
+#include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -24,6 +25,11 @@ class UniqueOp : public OpKernel {
   using OpKernel::OpKernel;
 
   void Compute(OpKernelContext* ctx) override {
+    FailOpWhenOutOfMemory(ctx, [&] { Dedup(ctx); });
+  }
+
+ private:
+  void Dedup(OpKernelContext* ctx) {
     const Tensor& keys = ctx->input(0);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsVector(keys.shape()),
                 absl::InvalidArgumentError(absl::StrCat(

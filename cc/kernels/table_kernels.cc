@@ -72,6 +72,10 @@ CreateTableOp::CreateTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
 }
 
 void CreateTableOp::Compute(OpKernelContext* ctx) {
+  FailOpWhenOutOfMemory(ctx, [&] { Create(ctx); });
+}
+
+void CreateTableOp::Create(OpKernelContext* ctx) {
   const std::vector<tensorflow::DtypeAndPartialTensorShape> handle_data = {
       {key_dtype_, tensorflow::PartialTensorShape({})}, {value_dtype_, value_shape_}};
   Tensor* handle;
@@ -183,7 +187,7 @@ void TableOpKernel::Compute(OpKernelContext* ctx) {
   }
   std::unique_ptr<Runner> runner;
   OP_REQUIRES_OK(ctx, resource->NewRunner(ctx, &runner));
-  ComputeWithTable(ctx, resource.get(), *runner);
+  FailOpWhenOutOfMemory(ctx, [&] { ComputeWithTable(ctx, resource.get(), *runner); });
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 // The CPU implementation of dynemb::Table. The design (sharding, slot layout,
 // row slab, locking, scores) is described at the top of cc/core/table.h.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -58,6 +60,22 @@ constexpr int kEvictLockTries = 4;
 // Attempts to find room for a new key in a full table whose budget is all
 // reserved by other threads' passes, before the key is turned away.
 constexpr int kNoVictimRetries = 16;
+// Why a batch failed when memory ran out (std::bad_alloc). The table stays
+// consistent: it keeps what it held and the rows the batch applied before.
+constexpr char kOutOfMemoryMessage[] =
+    "out of memory: the table could not allocate memory for this batch (it keeps the "
+    "entries it held and the rows of the batch applied before); free memory, or bound "
+    "the table with HkvHashTable's max_capacity";
+
+// Runs body(), which returns a Status; std::bad_alloc becomes that error.
+template <typename Body>
+Status GuardMemory(Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kResourceExhausted, kOutOfMemoryMessage);
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Key traits: how a key type is stored in a row, viewed in a batch, compared.
@@ -167,6 +185,11 @@ struct alignas(64) Shard {
     num_slots = n;
   }
 };
+
+// The slot array each shard starts with for a table of init_capacity keys.
+uint64_t InitialShardSlotsFor(int64_t init_capacity) {
+  return Shard::SlotsToHold((init_capacity + kNumShards - 1) / kNumShards, kMinShardSlots);
+}
 
 // A batch hashed once and grouped by shard: order[begin[s] .. begin[s+1]) are
 // the batch indices of the keys of shard s, in batch order (counting sort is
@@ -312,8 +335,43 @@ class CpuTable final : public Table {
     return c;
   }
 
+  // The batch calls run their ...Body under GuardMemory: running out of
+  // memory anywhere in one is an error status, never an exception (the
+  // core's callers, TF kernels among them, do not catch).
   Status Find(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
               bool default_per_key, const Runner& runner) override {
+    return GuardMemory(
+        [&] { return FindBody(keys, n, values, exists, defaults, default_per_key, runner); });
+  }
+  Status InsertAndEvict(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                        EvictedEntries* evicted, const Runner& runner) override {
+    return GuardMemory(
+        [&] { return InsertAndEvictBody(keys, n, values, scores, evicted, runner); });
+  }
+  Status AccumAndEvict(const void* keys, int64_t n, const void* deltas, const bool* exists,
+                       EvictedEntries* evicted, const Runner& runner) override {
+    return GuardMemory(
+        [&] { return AccumAndEvictBody(keys, n, deltas, exists, evicted, runner); });
+  }
+  Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
+                   const Runner& runner) override {
+    return GuardMemory([&] { return ApplyRuleBody(keys, n, initial, step, runner); });
+  }
+  Status Remove(const void* keys, int64_t n, const Runner& runner) override {
+    return GuardMemory([&] { return RemoveBody(keys, n, runner); });
+  }
+  Status Export(ExportSink* sink, const Runner& runner) override {
+    return GuardMemory([&] { return ExportBody(sink, runner); });
+  }
+  Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) override {
+    return GuardMemory([&] { return SnapshotBody(snapshot); });
+  }
+  Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) override {
+    return GuardMemory([&] { return ExportChunksBody(chunk_rows, sink); });
+  }
+
+  Status FindBody(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
+                  bool default_per_key, const Runner& runner) {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     if (defaults == nullptr) return InvalidArgument("Find: defaults must not be null");
@@ -335,8 +393,8 @@ class CpuTable final : public Table {
                         });
   }
 
-  Status InsertAndEvict(const void* keys, int64_t n, const void* values, const uint64_t* scores,
-                        EvictedEntries* evicted, const Runner& runner) override {
+  Status InsertAndEvictBody(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                            EvictedEntries* evicted, const Runner& runner) {
     if (evicted != nullptr) evicted->count = 0;
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
@@ -381,8 +439,8 @@ class CpuTable final : public Table {
     return result;
   }
 
-  Status AccumAndEvict(const void* keys, int64_t n, const void* deltas, const bool* exists,
-                       EvictedEntries* evicted, const Runner& runner) override {
+  Status AccumAndEvictBody(const void* keys, int64_t n, const void* deltas, const bool* exists,
+                           EvictedEntries* evicted, const Runner& runner) {
     if (evicted != nullptr) evicted->count = 0;
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, deltas, "deltas"));
@@ -428,8 +486,8 @@ class CpuTable final : public Table {
     return result;
   }
 
-  Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
-                   const Runner& runner) override {
+  Status ApplyRuleBody(const void* keys, int64_t n, const void* initial, const RuleStep& step,
+                       const Runner& runner) {
     DYNEMB_RETURN_IF_ERROR(CheckRuleStep(options_, keys, n, initial, step));
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, initial, "initial"));
@@ -441,7 +499,7 @@ class CpuTable final : public Table {
     return ApplyRuleAs<float>(in, n, init, step, runner);
   }
 
-  Status Remove(const void* keys, int64_t n, const Runner& runner) override {
+  Status RemoveBody(const void* keys, int64_t n, const Runner& runner) {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, keys, "keys"));
     const In* in = static_cast<const In*>(keys);
@@ -473,7 +531,15 @@ class CpuTable final : public Table {
       removed += shard.size.load(std::memory_order_relaxed);
       DestroyKeys(shard);
       shard.rows.Reset();
-      shard.ResetSlots(InitialShardSlots());
+      // The old array goes first, so its memory can serve the new one; short
+      // of memory for init_capacity's array, the smallest will do (it grows
+      // with inserts like any other). Clear cannot fail.
+      shard.slots.reset();
+      try {
+        shard.ResetSlots(InitialShardSlots());
+      } catch (const std::bad_alloc&) {
+        shard.ResetSlots(kMinShardSlots);
+      }
       shard.size.store(0, std::memory_order_relaxed);
       shard.heap.clear();
       shard.heap.shrink_to_fit();
@@ -487,7 +553,7 @@ class CpuTable final : public Table {
     if (bounded_) reserved_.fetch_sub(removed, std::memory_order_relaxed);
   }
 
-  Status Export(ExportSink* sink, const Runner& runner) override {
+  Status ExportBody(ExportSink* sink, const Runner& runner) {
     std::vector<std::shared_lock<std::shared_mutex>> locks = LockAll<std::shared_lock>();
     // Shard s's entries go to [offset[s], offset[s + 1]), so shards copy in parallel.
     std::array<int64_t, kNumShards + 1> offset;
@@ -532,12 +598,12 @@ class CpuTable final : public Table {
     return Status::Ok();
   }
 
-  Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) override {
+  Status SnapshotBody(std::unique_ptr<TableSnapshot>* snapshot) {
     *snapshot = std::make_unique<CpuSnapshot>(*this);
     return Status::Ok();
   }
 
-  Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) override {
+  Status ExportChunksBody(int64_t chunk_rows, const ChunkSink& sink) {
     if (chunk_rows < 1) {
       return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
     }
@@ -848,10 +914,7 @@ class CpuTable final : public Table {
 
   static size_t RoundUp8(size_t x) { return (x + 7) & ~size_t{7}; }
 
-  uint64_t InitialShardSlots() const {
-    const int64_t per_shard = (options_.init_capacity + kNumShards - 1) / kNumShards;
-    return Shard::SlotsToHold(per_shard, kMinShardSlots);
-  }
+  uint64_t InitialShardSlots() const { return InitialShardSlotsFor(options_.init_capacity); }
 
   // Batch positions are uint32 in the shard plan.
   Status CheckBatch(const void* keys, int64_t n, const void* data, const char* what) const {
@@ -990,7 +1053,9 @@ class CpuTable final : public Table {
       for (int64_t i = first; i < last; ++i) {
         const int s = touched[i];
         const uint32_t b = begin[s], e = begin[s + 1];
-        Status status = fn(s, shards_[s], order + b, static_cast<int64_t>(e - b));
+        // An exception must not escape a thread pool's worker.
+        const Status status =
+            GuardMemory([&] { return fn(s, shards_[s], order + b, static_cast<int64_t>(e - b)); });
         if (!status.ok()) {
           std::lock_guard<std::mutex> lock(error_mu);
           if (first_error.ok()) first_error = status;
@@ -1061,7 +1126,9 @@ class CpuTable final : public Table {
             std::unique_lock<std::shared_mutex> lock(shard.mu);
             WritePass pass(s);
             DeferredRows rows_out{defer ? deferred.data() + begin[s] : nullptr, 0};
-            Status status = run_pass(pass, shard, idx, count, defer ? &rows_out : nullptr);
+            // Caught here, so that what the pass did before is published.
+            const Status status = GuardMemory(
+                [&] { return run_pass(pass, shard, idx, count, defer ? &rows_out : nullptr); });
             if (defer) num_deferred[s] = rows_out.count;
             Publish(pass);
             return status;
@@ -1098,24 +1165,19 @@ class CpuTable final : public Table {
       if (room == Room::kEvictedHere) pos = FindPosition(shard, hash, key);
     }
     const int64_t size = shard.size.load(std::memory_order_relaxed);
-    if (shard.NeedsGrowthFor(size + 1)) {
-      Grow(shard, shard.num_slots * 2);
-      pos = FindPosition(shard, hash, key);
-    }
     uint32_t row = 0;
-    if (!shard.rows.Allocate(&row)) {
+    const char* failure = TakeSlotAndRow(shard, size, hash, key, &pos, &row);
+    if (failure != nullptr) {
       if (room == Room::kFree) {
         ++pass.stash;  // the reserved unit was not used
       } else {         // an entry was evicted for nothing: its unit is free
         --pass.size_delta;
         ++pass.released;
       }
-      *status = Status(StatusCode::kResourceExhausted,
-                       "a table shard ran out of row indices (2^32 - 1 keys per shard)");
+      *status = Status(StatusCode::kResourceExhausted, failure);
       return;
     }
     char* r = shard.rows.Row(row);
-    Traits::Construct(r, key);
     CopyValues(r + value_offset_, value);
     SetScore(r, score);
     shard.slots[pos] = MakeSlot(static_cast<uint32_t>(hash), row);
@@ -1124,6 +1186,34 @@ class CpuTable final : public Table {
     // An eviction made room: the table's size is unchanged.
     if (room == Room::kFree) ++pass.size_delta;
     if (bounded_) OnWrite(pass.shard, row, r, score, age, /*lowered=*/true);
+  }
+
+  // Room in `shard` (holding `size` keys) for absent `key`: grows the slot
+  // array when it is full (then *pos is where key's probe now ends) and
+  // takes a row with the key constructed in it. Returns null, or why there
+  // is no room; then the shard holds what it held (it may have grown).
+  // Running out of memory is an error for the caller to report: an exception
+  // escaping a thread pool's worker would end the process.
+  const char* TakeSlotAndRow(Shard& shard, int64_t size, uint64_t hash, In key, uint64_t* pos,
+                             uint32_t* row) {
+    try {
+      if (shard.NeedsGrowthFor(size + 1)) {
+        Grow(shard, shard.num_slots * 2);
+        *pos = FindPosition(shard, hash, key);
+      }
+      if (!shard.rows.Allocate(row)) {
+        return "a table shard ran out of row indices (2^32 - 1 keys per shard)";
+      }
+    } catch (const std::bad_alloc&) {
+      return kOutOfMemoryMessage;
+    }
+    try {
+      Traits::Construct(shard.rows.Row(*row), key);  // a long string key allocates
+    } catch (const std::bad_alloc&) {
+      shard.rows.Free(*row);
+      return kOutOfMemoryMessage;
+    }
+    return nullptr;
   }
 
   // A writer changed the score of existing row `row` (at `r`) from `old` to
@@ -1389,23 +1479,33 @@ class CpuTable final : public Table {
   void Presize(Shard& shard, int64_t count) {
     int64_t keys = shard.size.load(std::memory_order_relaxed) + count;
     if (bounded_) keys = std::min(keys, (options_.max_capacity + kNumShards - 1) / kNumShards);
-    if (shard.NeedsGrowthFor(keys)) Grow(shard, Shard::SlotsToHold(keys, shard.num_slots));
+    if (!shard.NeedsGrowthFor(keys)) return;
+    try {
+      Grow(shard, Shard::SlotsToHold(keys, shard.num_slots));
+    } catch (const std::bad_alloc&) {
+      // Only a speed-up: the inserts grow the array as they need and report
+      // running out of memory themselves.
+    }
   }
 
   // Moves the slots into a new array of `n` slots (a power of two, larger).
   // Slots carry their hash bits, so rows are not read.
+  // Throws std::bad_alloc before anything changes when there is no memory
+  // for the new array.
   static void Grow(Shard& shard, uint64_t n) {
-    const uint64_t old_n = shard.num_slots;
-    std::unique_ptr<uint64_t[], SlotArrayDeleter> old = std::move(shard.slots);
-    shard.ResetSlots(n);
-    const uint64_t mask = shard.mask();
-    for (uint64_t i = 0; i < old_n; ++i) {
-      const uint64_t slot = old[i];
+    std::unique_ptr<uint64_t[], SlotArrayDeleter> grown(shard.slot_pool->Allocate(n),
+                                                        SlotArrayDeleter{shard.slot_pool, n});
+    std::fill_n(grown.get(), n, kEmptySlot);
+    const uint64_t mask = n - 1;
+    for (uint64_t i = 0; i < shard.num_slots; ++i) {
+      const uint64_t slot = shard.slots[i];
       if (SlotEmpty(slot)) continue;
       uint64_t pos = SlotHash(slot) & mask;
-      while (!SlotEmpty(shard.slots[pos])) pos = (pos + 1) & mask;
-      shard.slots[pos] = slot;
+      while (!SlotEmpty(grown[pos])) pos = (pos + 1) & mask;
+      grown[pos] = slot;
     }
+    shard.slots = std::move(grown);
+    shard.num_slots = n;
   }
 
   // Removes the entry at `pos` by backward-shift deletion: later entries of
@@ -1618,6 +1718,22 @@ class CpuTable final : public Table {
 std::unique_ptr<Table> NewCpuTable(const TableOptions& options, Status* status) {
   *status = options.Validate();
   if (!status->ok()) return nullptr;
+  // A new table writes its slot arrays for init_capacity at once: more than
+  // the machine's memory would have the process killed, not an error raised.
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_bytes > 0) {
+    const uint64_t memory = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes);
+    const uint64_t shard_slots = InitialShardSlotsFor(options.init_capacity);
+    if (shard_slots > memory / (kNumShards * sizeof(uint64_t))) {
+      *status = InvalidArgument(
+          "init_capacity " + std::to_string(options.init_capacity) + " needs " +
+          std::to_string((shard_slots >> 20) * kNumShards * sizeof(uint64_t)) +
+          " MiB of slot arrays at once, more than this machine's " +
+          std::to_string(memory >> 20) + " MiB of memory; a table grows as keys arrive, " +
+          "so a smaller init_capacity loses nothing");
+      return nullptr;
+    }
+  }
   switch (options.key_type) {
     case KeyType::kInt32: return std::make_unique<CpuTable<int32_t>>(options);
     case KeyType::kInt64: return std::make_unique<CpuTable<int64_t>>(options);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "cc/core/cpu/huge_pages.h"
@@ -57,7 +58,14 @@ class RowSlab {
     return true;
   }
 
-  void Free(uint32_t index) { free_.push_back(index); }
+  // Never throws: without memory for the free list the row is not recycled
+  // (a row's bytes lost beats a shard left half-updated by an exception).
+  void Free(uint32_t index) noexcept {
+    try {
+      free_.push_back(index);
+    } catch (const std::bad_alloc&) {
+    }
+  }
 
   // Releases every row (the caller has destroyed non-trivial keys). The big
   // chunks stay mapped until the caller releases the arena.
