@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -310,7 +311,14 @@ class SaveTablesToBundleOp : public OpKernel {
     // Own threads, not the op's pool: they run while this op holds the tables'
     // locks, and a pool thread could be one that waits for those locks.
     std::vector<std::thread> writers;
-    for (int64_t f = 1; f < files; ++f) writers.emplace_back(write, f);
+    writers.reserve(files);
+    for (int64_t f = 1; f < files; ++f) {
+      try {
+        writers.emplace_back(write, f);
+      } catch (const std::system_error&) {  // no thread to be had: write it here
+        write(f);
+      }
+    }
     write(0);
     for (auto& w : writers) w.join();
     for (const absl::Status& s : status) OP_REQUIRES_OK(ctx, s);
@@ -645,18 +653,25 @@ class RestoreTablesFromBundleOp : public OpKernel {
     for (int64_t i = 0; i < batches; ++i) {
       const int cur = i % 2, nxt = 1 - cur;
       absl::Status read;
+      const auto read_next = [&] {
+        try {  // an exception must not escape the reader thread
+          read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
+        } catch (const std::bad_alloc&) {
+          read = absl::ResourceExhaustedError("out of memory reading the checkpoint");
+        }
+      };
       std::thread reader_thread;
+      bool read_here = false;
       if (i + 1 < batches) {
-        reader_thread = std::thread([&] {
-          try {
-            read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
-          } catch (const std::bad_alloc&) {  // it must not escape the thread
-            read = absl::ResourceExhaustedError("out of memory reading the checkpoint");
-          }
-        });
+        try {
+          reader_thread = std::thread(read_next);
+        } catch (const std::system_error&) {  // no thread to be had: read after the insert
+          read_here = true;
+        }
       }
       const absl::Status inserted = InsertBatch(e, rows[cur], &buffers[cur], *runners);
       if (reader_thread.joinable()) reader_thread.join();
+      if (read_here && inserted.ok()) read_next();
       TF_RETURN_IF_ERROR(inserted);
       TF_RETURN_IF_ERROR(read);
     }

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -135,8 +136,12 @@ class DirectWritableFile : public tensorflow::WritableFile {
     used_ -= whole;
     const uint64_t offset = written_;
     written_ += whole;
-    pending_ = std::async(std::launch::async,
-                          [this, whole, offset] { return WriteAt(spare_.get(), whole, offset); });
+    try {
+      pending_ = std::async(std::launch::async,
+                            [this, whole, offset] { return WriteAt(spare_.get(), whole, offset); });
+    } catch (const std::system_error&) {  // no thread to be had: write on this one
+      return WriteAt(spare_.get(), whole, offset);
+    }
     return absl::OkStatus();
   }
 
