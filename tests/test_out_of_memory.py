@@ -1,9 +1,12 @@
-"""Running out of memory is an error, never the end of the process: with the address
-space capped (RLIMIT_AS), inserts that need more memory raise ResourceExhaustedError
-naming it, the table keeps every entry it held and the rows of the batch applied before,
-its size agrees with what lookups find, and once memory is back the same batch goes in.
-A checkpoint restore that runs out of memory fails the same way and leaves the table
-empty. Each case runs in a fresh interpreter (the cap is per process)."""
+"""A table running out of memory is an error, not the end of the process: with the
+address space capped (RLIMIT_AS), inserts that need more memory raise
+ResourceExhaustedError naming it, the table keeps every entry it held and the rows of the
+batch applied before, its size agrees with what lookups find, and once memory is back the
+same batch goes in. Each case runs in a fresh interpreter (the cap is per process).
+
+Only the table's own memory is tested: TensorFlow's allocator is not exception-safe (it
+throws std::bad_alloc while holding its lock), so its failures end the process, by
+design of this package too (catching them would deadlock the next deallocation)."""
 
 from __future__ import annotations
 
@@ -71,41 +74,6 @@ assert bool(tf.reduce_all(found == float(failed)))
 print("failed at batch", failed, "after", partly, "of its keys")
 """
 
-# Saves a 2M-key table, then restores it into an empty one with 64 MiB of address
-# space to spare: the restore fails, the table is empty, and restores once uncapped.
-RESTORE_OUT_OF_MEMORY = """
-import resource, sys
-import numpy as np
-import tensorflow as tf
-import tensorflow_dynemb as de
-
-def cap(extra_mib):
-    status = open("/proc/self/status").read().split("VmSize:")[1].split()[0]
-    used = int(status) * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (used + (extra_mib << 20), resource.RLIM_INFINITY))
-
-n, dim = 2 << 20, 16
-table = de.HashTable(tf.int64, tf.float32, [0.0] * dim)
-keys = tf.range(n, dtype=tf.int64)
-table.insert(keys, tf.fill([n, dim], 2.0))
-prefix = tf.train.Checkpoint(t=table).write(sys.argv[1] + "/ck")
-restored = de.HashTable(tf.int64, tf.float32, [0.0] * dim)
-checkpoint = tf.train.Checkpoint(t=restored)
-cap(64)
-try:
-    checkpoint.read(prefix)
-    raise AssertionError("the restore did not run out of memory")
-except tf.errors.ResourceExhaustedError as e:
-    assert "out of memory" in str(e), str(e)
-resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-assert int(restored.size()) == 0, int(restored.size())
-checkpoint.read(prefix).assert_consumed()
-assert int(restored.size()) == n
-assert bool(tf.reduce_all(restored.lookup(keys) == 2.0))
-print("restored after the failure")
-"""
-
-
 @pytest.mark.parametrize("key_kind", ["int64", "string"])
 def test_inserts_that_run_out_of_memory_raise_and_keep_the_table(tmp_path, key_kind):
     script = tmp_path / "fill.py"
@@ -113,9 +81,3 @@ def test_inserts_that_run_out_of_memory_raise_and_keep_the_table(tmp_path, key_k
     out = run_python(str(script), key_kind).stdout
     assert "failed at batch" in out
 
-
-def test_a_restore_that_runs_out_of_memory_raises_and_leaves_the_table_empty(tmp_path):
-    script = tmp_path / "restore.py"
-    script.write_text(RESTORE_OUT_OF_MEMORY)
-    out = run_python(str(script), str(tmp_path)).stdout
-    assert "restored after the failure" in out

@@ -96,6 +96,12 @@ def test_segment_sum_refuses_ids_out_of_range(segments, num, match):
         ops.dynemb_segment_sum(tf.ones([2, 3]), tf.constant(segments, tf.int32), tf.constant(num))
 
 
+def test_segment_sum_refuses_sums_too_large_to_shape():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="overflow"):
+        ops.dynemb_segment_sum(tf.zeros([0, 2**40]), tf.zeros([0], tf.int64),
+                               tf.constant(2**30, tf.int64))
+
+
 def test_segment_sum_refuses_a_row_count_mismatch():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="segment_ids|Dimensions"):
         ops.dynemb_segment_sum(tf.ones([3, 2]), tf.constant([0, 1], tf.int32), tf.constant(2))

@@ -214,6 +214,15 @@ def test_op_rejects_bad_input(tmp_path):
         ops.dynemb_save_tables_to_bundle(
             prefix, [table.resource_handle, other.resource_handle], ["k", "v", ""], [2]
         )
+    # "" is the bundle's header key: TF's writer would end the process on it.
+    with pytest.raises(errors, match=r"tensor_names\[1\] \(the values of entry 0\) must not be empty"):
+        ops.dynemb_save_tables_to_bundle(prefix, [table.resource_handle], ["k", "", ""], [1])
+    with pytest.raises(errors, match=r"prefix must be a scalar string, got string \[2\]"):
+        ops.dynemb_save_tables_to_bundle([prefix, prefix], [table.resource_handle], ["k", "v", ""], [1])
+    table.insert([1], [[1.0]])
+    with pytest.raises(errors, match=r"num_files \(2\) must not exceed the rows to save \(1\)"):
+        ops.dynemb_save_tables_to_bundle(prefix, [table.resource_handle], ["k", "v", ""], [1],
+                                         num_files=2)
 
 
 def forbid_whole_tensor_restores(monkeypatch):
@@ -338,6 +347,13 @@ def test_restore_op_rejects_bad_input(tmp_path):
         restore(prefix, [table.resource_handle], ["absent", names[1], ""], [1])
     with pytest.raises(tf.errors.NotFoundError):
         restore(str(tmp_path / "absent"), [table.resource_handle], names, [1])
+    with pytest.raises(errors, match=r"prefix must be a scalar string, got string \[2\]"):
+        restore([prefix, prefix], [table.resource_handle], names, [1])
+    short = str(tmp_path / "short")  # keys declared as 4 rows, slices of 2 stored
+    tf.raw_ops.SaveV2(prefix=short, tensor_names=["k", "v"], shape_and_slices=["4 0,2", "4 1 0,2:-"],
+                      tensors=[tf.constant([5, 6], tf.int64), tf.ones([2, 1])])
+    with pytest.raises(errors, match="the checkpoint's slices of k end at row 2 of its 4"):
+        restore(short, [table.resource_handle], ["k", "v", ""], [1])
     assert table.lookup([1]).numpy().tolist() == [[1.0]]
     restore(prefix, [table.resource_handle], names[:2] + [""], [1])  # scores: the table's own
     assert table.lookup([1]).numpy().tolist() == [[1.0]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -217,6 +218,32 @@ def test_init_capacity_beyond_the_machines_memory_is_an_error():
 # ----------------------------------------------------------------------------------------
 # files
 # ----------------------------------------------------------------------------------------
+
+
+def test_value_rows_beyond_2_pow_24_elements_are_an_error():
+    # Their batches' shapes would overflow (TF ends the process on that).
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dim must be in \[1, 2\^24\], got 4611686018427387904"):
+        de._ops.ops.dynemb_hash_table(key_dtype=tf.int64, value_dtype=tf.float32,
+                                      value_shape=[2**62], anonymous=True)
+
+
+def test_a_non_scalar_path_is_an_error(table, tmp_path):
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.string)])
+    def save(directory):
+        table.save_to_file_system(directory)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"path must be a scalar string, got string \[2\]"):
+        save(tf.constant([str(tmp_path / "a"), str(tmp_path / "b")]))
+    assert_unchanged(table)
+
+
+def test_a_record_claiming_more_rows_than_its_file_is_data_loss(table, tmp_path):
+    # A damaged row count and a huge chunk_rows once sized the read buffer by the count.
+    header = b"DYNEMB\x00\x01" + struct.pack("<IIIIq", 1, 1, 0, 0, 2)  # v1, int64, float32, dim 2
+    (tmp_path / "t.dynemb").write_bytes(header + struct.pack("<Q", 2**62))
+    with pytest.raises(tf.errors.DataLossError, match="ended early"):
+        table.load_from_file_system(str(tmp_path), file_name="t.dynemb", chunk_rows=2**62)
+    assert_unchanged(table)
 
 
 def test_load_missing_file_leaves_table_unchanged(table, tmp_path):

@@ -266,6 +266,25 @@ def test_shared_name_shares_content():
         de.HashTable(tf.int64, tf.float32, [0.0, 0.0], shared_name="test_shared_name_table")
 
 
+def test_a_shared_name_with_other_eviction_settings_is_an_error():
+    def hkv(max_capacity, strategy=de.HkvEvictStrategy.LRU, init_capacity=8):
+        return de.HkvHashTable(tf.int64, tf.float32, 0.0, shared_name="test_shared_hkv",
+                               init_capacity=init_capacity, max_capacity=max_capacity,
+                               config=de.HkvHashTableConfig(init_capacity=init_capacity,
+                                                            max_capacity=max_capacity,
+                                                            evict_strategy=strategy))
+
+    a = hkv(64)
+    hkv(64, init_capacity=16).insert([1], [1.0])  # init_capacity only presizes: shared
+    assert int(a.size()) == 1
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="test_shared_hkv' already exists with max_capacity 64, evict "
+                             "strategy lru.*requested max_capacity 32"):
+        hkv(32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="requested max_capacity 64, evict strategy lfu"):
+        hkv(64, de.HkvEvictStrategy.LFU)
+
+
 def test_python_lists_and_scalars_are_converted():
     table = de.HashTable(tf.string, tf.float64, [0.0, 0.0])
     table.insert(["a", b"b"], [[1, 2], [3.5, 4]])

@@ -335,6 +335,11 @@ def test_keyed_random_fill_draws_the_missing_rows_only(key_dtype, dtype):
     np.testing.assert_array_equal(filled.numpy(), want.numpy())
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="values"):
         de._ops.ops.dynemb_keyed_random_fill(values[:, :4], exists, keys, **attrs)
+    huge = dict(attrs, dim=2**62)  # its output's shape would overflow
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dim must be in \[1, 2\^24\]"):
+        de._ops.ops.dynemb_keyed_random(keys, dtype=dtype, **huge)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dim must be in \[1, 2\^24\]"):
+        de._ops.ops.dynemb_keyed_random_fill(values, exists, keys, **huge)
 
 
 def uniform_function(shape, dtype):

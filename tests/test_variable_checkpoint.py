@@ -190,6 +190,19 @@ def test_saving_again_with_fewer_shards_replaces_the_old_files(tmp_path):
     assert sorted(loaded.export()[0].numpy().tolist()) == [1000, 1001]
 
 
+def test_a_symbolic_directory_without_files_is_an_error_not_an_empty_variable(tmp_path):
+    var = sharded(2, name="emb")
+    var.upsert([1, 2, 3], np.ones([3, 3], np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def load(directory):
+        var.load_from_file_system(directory)
+
+    with pytest.raises(tf.errors.NotFoundError, match="no table files to load"):
+        load(tf.constant(str(tmp_path)))
+    assert int(var.size()) == 3
+
+
 def test_a_mixed_set_of_files_is_refused(tmp_path):
     var = sharded(2, name="emb")
     var.upsert([1, 2], np.ones([2, 3], np.float32))

@@ -258,10 +258,14 @@ enum class EvictStrategy : int {
 bool ParseEvictStrategy(std::string_view name, EvictStrategy* strategy);
 const char* EvictStrategyName(EvictStrategy strategy);
 
+// The most elements a value row may have (64 MiB of float32): far beyond any
+// embedding, and small enough that no batch's shape overflows.
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+
 struct TableOptions {
   KeyType key_type = KeyType::kInt64;
   ValueType value_type = ValueType::kFloat32;
-  int64_t dim = 1;                // elements per value row, >= 1
+  int64_t dim = 1;                // elements per value row, in [1, kMaxDim]
   int64_t init_capacity = 0;      // keys to reserve room for up front
   int64_t max_capacity = 0;       // 0: unbounded
   EvictStrategy strategy = EvictStrategy::kLru;
@@ -398,9 +402,9 @@ struct TableCounters {
 // ---------------------------------------------------------------------------
 // Table: the interface every implementation provides. All methods are
 // thread-safe. `n` may be 0. Pointers may be null only where documented.
-// Methods that return a Status do not throw: running out of memory is
-// kResourceExhausted, and the table keeps what it held plus the rows of the
-// batch applied before.
+// Methods that return a Status do not throw (what a caller's sink throws
+// excepted): the table running out of memory is kResourceExhausted, and the
+// table keeps what it held plus the rows of the batch applied before.
 // ---------------------------------------------------------------------------
 class Table {
  public:
@@ -499,7 +503,9 @@ class Table {
   }
 };
 
-// Creates a CPU table; returns nullptr and sets *status on invalid options.
+// Creates a CPU table; returns nullptr and sets *status on invalid options
+// (an init_capacity whose slot arrays exceed the machine's memory included)
+// or when there is no memory for it.
 std::unique_ptr<Table> NewCpuTable(const TableOptions& options, Status* status);
 
 }  // namespace dynemb

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -181,6 +182,9 @@ struct RowBatch {
 // inserting each batch (filtered to one shard when asked) into `table`, or,
 // with table == nullptr, only checking that the stream is complete and well
 // formed.
+// The most bytes of rows a load reads before inserting them.
+constexpr uint64_t kMaxBatchBytes = uint64_t{64} << 20;
+
 Status ReadRecords(ByteSource* source, const TableOptions& opt, const LoadOptions& load,
                    Table* table, const Runner& runner) {
   const size_t value_bytes = opt.value_bytes();
@@ -192,12 +196,24 @@ Status ReadRecords(ByteSource* source, const TableOptions& opt, const LoadOption
     uint64_t n = 0;
     DYNEMB_RETURN_IF_ERROR(ReadExact(source, &n, sizeof(n), "a record size"));
     if (n == 0) break;
+    // A record's size comes from the file: a damaged one may claim any
+    // number of rows, so a batch is also capped in bytes (the reads then
+    // reach the end of the file and say so).
+    const uint64_t max_batch =
+        std::min<uint64_t>(static_cast<uint64_t>(load.chunk_rows),
+                           std::max<uint64_t>(1, kMaxBatchBytes / (key_bytes + 8 + value_bytes)));
     for (uint64_t done = 0; done < n;) {
-      const uint64_t batch = std::min<uint64_t>(n - done, static_cast<uint64_t>(load.chunk_rows));
-      rows.numeric_keys.resize(batch * key_bytes);
-      rows.string_keys.resize(string_keys ? batch : 0);
-      rows.values.resize(batch * value_bytes);
-      rows.scores.resize(batch);
+      const uint64_t batch = std::min<uint64_t>(n - done, max_batch);
+      try {
+        rows.numeric_keys.resize(batch * key_bytes);
+        rows.string_keys.resize(string_keys ? batch : 0);
+        rows.values.resize(batch * value_bytes);
+        rows.scores.resize(batch);
+      } catch (const std::bad_alloc&) {
+        return Status(StatusCode::kResourceExhausted,
+                      "out of memory for a batch of " + std::to_string(batch) +
+                          " rows read from the table file; pass a smaller chunk_rows");
+      }
       for (uint64_t i = 0; i < batch; ++i) {
         if (string_keys) {
           uint32_t len = 0;

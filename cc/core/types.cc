@@ -90,8 +90,8 @@ Status CheckBatchArgs(const void* keys, int64_t n, const void* data, const char*
 }
 
 Status TableOptions::Validate() const {
-  if (dim < 1) {
-    return InvalidArgument("dim must be >= 1, got " + std::to_string(dim));
+  if (dim < 1 || dim > kMaxDim) {
+    return InvalidArgument("dim must be in [1, 2^24], got " + std::to_string(dim));
   }
   if (ValueTypeSize(value_type) == 0) {
     return InvalidArgument("value_type is not a supported value type (got enum " +

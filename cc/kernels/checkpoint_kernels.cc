@@ -115,6 +115,14 @@ absl::Status GetEntryAttrs(OpKernelConstruction* ctx, std::vector<std::string>* 
         absl::StrCat("tensor_names must hold 3 names per entry (", 3 * entry_tables->size(),
                      "), got ", tensor_names->size()));
   }
+  for (size_t i = 0; i < tensor_names->size(); ++i) {
+    // Only the scores may be left out; "" is the bundle's own header key.
+    if ((*tensor_names)[i].empty() && i % 3 != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor_names[", i, "] (the ", i % 3 == 0 ? "keys" : "values", " of entry ", i / 3,
+          ") must not be empty"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -230,12 +238,8 @@ class SaveTablesToBundleOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    FailOpWhenOutOfMemory(ctx, [&] { ComputeBody(ctx); });
-  }
-
- private:
-  void ComputeBody(OpKernelContext* ctx) {
-    const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
+    std::string prefix;
+    OP_REQUIRES_OK(ctx, ScalarString(ctx->input(0), "prefix", &prefix));
     // The resources stay referenced until the snapshots are gone.
     std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
     std::vector<Entry> entries(entry_tables_.size());
@@ -274,6 +278,14 @@ class SaveTablesToBundleOp : public OpKernel {
       if (e.rows() == 0) empty.push_back(&e);
     }
     const int64_t files = num_files_;
+    int64_t total_rows = 0;
+    for (const Entry& e : entries) total_rows += e.rows();
+    // A file without rows would be a bundle without a data file, which the
+    // merge of the files cannot find.
+    OP_REQUIRES(ctx, files <= std::max<int64_t>(1, total_rows),
+                absl::InvalidArgumentError(absl::StrCat("num_files (", files,
+                                                        ") must not exceed the rows to save (",
+                                                        total_rows, ")")));
     const std::vector<int64_t> cuts = FileCuts(entries, files);
     std::vector<std::vector<Piece>> pieces(files);
     for (int64_t f = 0; f < files; ++f) {
@@ -302,11 +314,7 @@ class SaveTablesToBundleOp : public OpKernel {
     std::vector<absl::Status> status(files);
     const std::vector<const Entry*> none;
     const auto write = [&](int64_t f) {
-      try {  // an exception must not escape a writer thread
-        status[f] = WriteBundle(file_prefixes[f], pieces[f], f == 0 ? empty : none);
-      } catch (const std::bad_alloc&) {
-        status[f] = absl::ResourceExhaustedError("out of memory writing the checkpoint");
-      }
+      status[f] = WriteBundle(file_prefixes[f], pieces[f], f == 0 ? empty : none);
     };
     // Own threads, not the op's pool: they run while this op holds the tables'
     // locks, and a pool thread could be one that waits for those locks.
@@ -324,6 +332,7 @@ class SaveTablesToBundleOp : public OpKernel {
     for (const absl::Status& s : status) OP_REQUIRES_OK(ctx, s);
   }
 
+ private:
   std::vector<std::string> tensor_names_;
   std::vector<int64_t> entry_tables_;
   int64_t num_files_ = 1;
@@ -412,6 +421,10 @@ absl::Status PlanEntry(tensorflow::BundleReader& reader, RestoreEntry* e) {
     }
     next = start + length;
   }
+  if (next != e->rows) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint's slices of ", e->keys_name,
+                                                   " end at row ", next, " of its ", e->rows));
+  }
   const int64_t row_bytes = FileBytesPerRow(t.key_dtype(), t.value_dtype(), t.value_shape(),
                                             !e->scores_name.empty());
   const int64_t batch_rows = std::max<int64_t>(1, kRestoreBatchBytes / row_bytes);
@@ -435,7 +448,7 @@ struct RestoreBuffers {
   Tensor keys, values, scores;
   Tensor routed_keys, routed_values, routed_scores;
   std::vector<int32_t> shard;
-  std::vector<int64_t> shard_begin, next;
+  std::vector<int64_t> shard_begin;
 
   absl::Status Allocate(OpKernelContext* ctx, const RestoreEntry& e) {
     const TableResource& t = e.first();
@@ -450,11 +463,6 @@ struct RestoreBuffers {
       TF_RETURN_IF_ERROR(ctx->allocate_temp(t.key_dtype(), rows, &routed_keys));
       TF_RETURN_IF_ERROR(ctx->allocate_temp(t.value_dtype(), values_shape, &routed_values));
       TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, scores_shape, &routed_scores));
-      // Reserved now, so that routing a batch allocates nothing while the
-      // reader thread runs (an exception then would end the process).
-      shard.reserve(n);
-      shard_begin.reserve(e.tables.size() + 1);
-      next.reserve(e.tables.size());
     }
     return absl::OkStatus();
   }
@@ -524,8 +532,7 @@ void RouteRows(int64_t n, int32_t num_shards, int64_t value_bytes, bool with_sco
     ++b->shard_begin[b->shard[i] + 1];
   }
   for (int32_t s = 0; s < num_shards; ++s) b->shard_begin[s + 1] += b->shard_begin[s];
-  std::vector<int64_t>& next = b->next;
-  next.assign(b->shard_begin.begin(), b->shard_begin.end() - 1);
+  std::vector<int64_t> next(b->shard_begin.begin(), b->shard_begin.end() - 1);
   K* out_keys = static_cast<K*>(b->routed_keys.data());
   char* out_values = static_cast<char*>(b->routed_values.data());
   const char* values = static_cast<const char*>(b->values.data());
@@ -576,12 +583,8 @@ class RestoreTablesFromBundleOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    FailOpWhenOutOfMemory(ctx, [&] { ComputeBody(ctx); });
-  }
-
- private:
-  void ComputeBody(OpKernelContext* ctx) {
-    const std::string prefix(ctx->input(0).scalar<tensorflow::tstring>()());
+    std::string prefix;
+    OP_REQUIRES_OK(ctx, ScalarString(ctx->input(0), "prefix", &prefix));
     RestoreSource source(prefix);
     OP_REQUIRES_OK(ctx, source.reader().status());
     std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
@@ -632,6 +635,7 @@ class RestoreTablesFromBundleOp : public OpKernel {
     }
   }
 
+ private:
   // Reads every batch of `e`; inserts it too when `runners` is given. While
   // a batch is inserted, another thread reads the next one, so the file's
   // reads and checksums overlap the inserts.
@@ -654,11 +658,7 @@ class RestoreTablesFromBundleOp : public OpKernel {
       const int cur = i % 2, nxt = 1 - cur;
       absl::Status read;
       const auto read_next = [&] {
-        try {  // an exception must not escape the reader thread
-          read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
-        } catch (const std::bad_alloc&) {
-          read = absl::ResourceExhaustedError("out of memory reading the checkpoint");
-        }
+        read = ReadBatch(source, e, e.batches[i + 1], &buffers[nxt], &rows[nxt]);
       };
       std::thread reader_thread;
       bool read_here = false;

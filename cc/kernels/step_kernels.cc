@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "cc/core/dedup.h"
-#include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -25,11 +24,6 @@ class UniqueOp : public OpKernel {
   using OpKernel::OpKernel;
 
   void Compute(OpKernelContext* ctx) override {
-    FailOpWhenOutOfMemory(ctx, [&] { Dedup(ctx); });
-  }
-
- private:
-  void Dedup(OpKernelContext* ctx) {
     const Tensor& keys = ctx->input(0);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsVector(keys.shape()),
                 absl::InvalidArgumentError(absl::StrCat(
@@ -81,7 +75,7 @@ class SegmentSumOp : public OpKernel {
                     "segment_ids[", bad, "] = ", bad < 0 ? 0 : static_cast<int64_t>(segment[bad]),
                     " is not in [0, num_segments = ", num_segments, ")")));
     TensorShape sums_shape = values.shape();
-    sums_shape.set_dim(0, num_segments);
+    OP_REQUIRES_OK(ctx, sums_shape.SetDimWithStatus(0, num_segments));
     Tensor* sums = nullptr;
     Tensor* counts = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, sums_shape, &sums));

@@ -72,10 +72,6 @@ CreateTableOp::CreateTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
 }
 
 void CreateTableOp::Compute(OpKernelContext* ctx) {
-  FailOpWhenOutOfMemory(ctx, [&] { Create(ctx); });
-}
-
-void CreateTableOp::Create(OpKernelContext* ctx) {
   const std::vector<tensorflow::DtypeAndPartialTensorShape> handle_data = {
       {key_dtype_, tensorflow::PartialTensorShape({})}, {value_dtype_, value_shape_}};
   Tensor* handle;
@@ -109,6 +105,21 @@ void CreateTableOp::Create(OpKernelContext* ctx) {
                   tensorflow::DataTypeString(key_dtype_), ", value ",
                   tensorflow::DataTypeString(value_dtype_), ", value_shape ",
                   value_shape_.DebugString())));
+  // What the table does, not how it was sized: init_capacity only presizes.
+  const TableOptions& have = resource->table().options();
+  OP_REQUIRES(ctx,
+              have.max_capacity == options_.max_capacity && have.strategy == options_.strategy &&
+                  have.step_per_epoch == options_.step_per_epoch &&
+                  have.find_updates_scores == options_.find_updates_scores,
+              absl::InvalidArgumentError(absl::StrCat(
+                  "table '", shared_name, "' already exists with max_capacity ",
+                  have.max_capacity, ", evict strategy ", EvictStrategyName(have.strategy),
+                  ", step_per_epoch ", have.step_per_epoch, ", find_updates_scores ",
+                  have.find_updates_scores, ", which does not match the requested "
+                  "max_capacity ", options_.max_capacity, ", evict strategy ",
+                  EvictStrategyName(options_.strategy), ", step_per_epoch ",
+                  options_.step_per_epoch, ", find_updates_scores ",
+                  options_.find_updates_scores)));
   handle->scalar<tensorflow::ResourceHandle>()() =
       tensorflow::MakeResourceHandle<TableResource>(ctx, container, shared_name, handle_data);
 }
@@ -187,7 +198,7 @@ void TableOpKernel::Compute(OpKernelContext* ctx) {
   }
   std::unique_ptr<Runner> runner;
   OP_REQUIRES_OK(ctx, resource->NewRunner(ctx, &runner));
-  FailOpWhenOutOfMemory(ctx, [&] { ComputeWithTable(ctx, resource.get(), *runner); });
+  ComputeWithTable(ctx, resource.get(), *runner);
 }
 
 // ---------------------------------------------------------------------------
@@ -514,7 +525,8 @@ SaveToFileOp::SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
 
 void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                                     const Runner&) {
-  const std::string path(ctx->input(1).scalar<tensorflow::tstring>()());
+  std::string path;
+  OP_REQUIRES_OK(ctx, ScalarString(ctx->input(1), "path", &path));
   // Write beside the target and rename, so a crash never leaves a torn file
   // under the final name.
   const std::string tmp_path = path + ".tmp";
@@ -548,6 +560,10 @@ LoadFromFileOp::LoadFromFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
 void LoadFromFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                                       const Runner& runner) {
   const auto paths = ctx->input(1).flat<tensorflow::tstring>();
+  // No file is an error, as in eager code: with clear_first it would empty
+  // the table (a directory matched in a graph may hold no files).
+  OP_REQUIRES(ctx, paths.size() > 0,
+              absl::NotFoundError("no table files to load (paths is empty)"));
   std::vector<std::unique_ptr<InputBufferSource>> owned;
   std::vector<ByteSource*> sources;
   for (int64_t i = 0; i < paths.size(); ++i) {

@@ -38,8 +38,6 @@ class CreateTableOp : public tensorflow::OpKernel {
   const tensorflow::TensorShape& value_shape() const { return value_shape_; }
 
  private:
-  void Create(tensorflow::OpKernelContext* ctx);
-
   std::string container_;
   std::string shared_name_;
   bool anonymous_ = false;

@@ -1,5 +1,7 @@
 #include "cc/kernels/table_resource.h"
 
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.pb.h"
 
 namespace dynemb {
@@ -25,6 +27,16 @@ bool ToCoreValueType(tensorflow::DataType dtype, ValueType* out) {
     case tensorflow::DT_BOOL: *out = ValueType::kBool; return true;
     default: return false;
   }
+}
+
+absl::Status ScalarString(const tensorflow::Tensor& t, const char* what, std::string* out) {
+  if (t.dtype() != tensorflow::DT_STRING || !tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be a scalar string, got ",
+                                                   tensorflow::DataTypeString(t.dtype()), " ",
+                                                   t.shape().DebugString()));
+  }
+  *out = std::string(t.scalar<tensorflow::tstring>()());
+  return absl::OkStatus();
 }
 
 tensorflow::TensorShape KeyedShape(const tensorflow::TensorShape& keys,

@@ -9,11 +9,9 @@
 #define DYNEMB_KERNELS_TABLE_RESOURCE_H_
 
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -31,18 +29,9 @@ bool ToCoreValueType(tensorflow::DataType dtype, ValueType* out);
 absl::Status ToTfStatus(const Status& status);
 Status FromTfStatus(const absl::Status& status);
 
-// Runs compute(), the body of a kernel's Compute. A std::bad_alloc it throws
-// (the core's memory, the kernel's own buffers) fails the op with
-// kResourceExhausted: escaping Compute, it would end the process.
-template <typename Compute>
-void FailOpWhenOutOfMemory(tensorflow::OpKernelContext* ctx, Compute&& compute) {
-  try {
-    compute();
-  } catch (const std::bad_alloc&) {
-    ctx->SetStatus(absl::ResourceExhaustedError(
-        absl::StrCat(ctx->op_kernel().type_string(), " ran out of memory (std::bad_alloc)")));
-  }
-}
+// The string in `t`, a scalar input named `what` (a scalar's accessor would
+// end the process on any other shape).
+absl::Status ScalarString(const tensorflow::Tensor& t, const char* what, std::string* out);
 
 // The shape of the values of `keys`: keys' shape followed by the value shape.
 tensorflow::TensorShape KeyedShape(const tensorflow::TensorShape& keys,

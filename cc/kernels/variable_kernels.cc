@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "cc/core/partition.h"
+#include "cc/core/table.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -70,6 +71,8 @@ class KeyedRandomAttrs {
  public:
   explicit KeyedRandomAttrs(OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= kMaxDim,
+                absl::InvalidArgumentError(absl::StrCat("dim must be in [1, 2^24], got ", dim_)));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
     std::string distribution;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("distribution", &distribution));
@@ -105,7 +108,7 @@ class KeyedRandomOp : public OpKernel {
     const Tensor& keys = ctx->input(0);
     const int64_t dim = attrs_.dim();
     TensorShape shape = keys.shape();
-    shape.AddDim(dim);
+    OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(dim));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     T* rows = out->flat<T>().data();
@@ -130,7 +133,7 @@ class KeyedRandomFillOp : public OpKernel {
     const Tensor& keys = ctx->input(2);
     const int64_t dim = attrs_.dim();
     TensorShape shape = keys.shape();
-    shape.AddDim(dim);
+    OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(dim));
     OP_REQUIRES(ctx, values.shape() == shape,
                 absl::InvalidArgumentError(absl::StrCat("Expected shape ", shape.DebugString(),
                                                         " for values, got ",

@@ -60,12 +60,12 @@ constexpr int kEvictLockTries = 4;
 // Attempts to find room for a new key in a full table whose budget is all
 // reserved by other threads' passes, before the key is turned away.
 constexpr int kNoVictimRetries = 16;
-// Why a batch failed when memory ran out (std::bad_alloc). The table stays
-// consistent: it keeps what it held and the rows the batch applied before.
+// Why a call failed when the table's memory ran out (std::bad_alloc). The
+// table stays consistent: it keeps what it held and the rows the batch
+// applied before.
 constexpr char kOutOfMemoryMessage[] =
-    "out of memory: the table could not allocate memory for this batch (it keeps the "
-    "entries it held and the rows of the batch applied before); free memory, or bound "
-    "the table with HkvHashTable's max_capacity";
+    "out of memory: the table could not allocate memory for this call; free memory, or "
+    "bound the table with HkvHashTable's max_capacity";
 
 // Runs body(), which returns a Status; std::bad_alloc becomes that error.
 template <typename Body>
@@ -335,9 +335,10 @@ class CpuTable final : public Table {
     return c;
   }
 
-  // The batch calls run their ...Body under GuardMemory: running out of
-  // memory anywhere in one is an error status, never an exception (the
-  // core's callers, TF kernels among them, do not catch).
+  // These calls run their ...Body under GuardMemory: running out of memory
+  // anywhere in one is an error status, never an exception (the core's
+  // callers, TF kernels among them, do not catch). None allocates through
+  // TF (see Export).
   Status Find(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
               bool default_per_key, const Runner& runner) override {
     return GuardMemory(
@@ -359,9 +360,6 @@ class CpuTable final : public Table {
   }
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
     return GuardMemory([&] { return RemoveBody(keys, n, runner); });
-  }
-  Status Export(ExportSink* sink, const Runner& runner) override {
-    return GuardMemory([&] { return ExportBody(sink, runner); });
   }
   Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) override {
     return GuardMemory([&] { return SnapshotBody(snapshot); });
@@ -553,7 +551,10 @@ class CpuTable final : public Table {
     if (bounded_) reserved_.fetch_sub(removed, std::memory_order_relaxed);
   }
 
-  Status ExportBody(ExportSink* sink, const Runner& runner) {
+  // Not under GuardMemory as a whole: sink->Allocate is TF's allocator,
+  // which holds its lock when it throws, so catching its std::bad_alloc
+  // would trade the process's end for a deadlock at the next deallocation.
+  Status Export(ExportSink* sink, const Runner& runner) override {
     std::vector<std::shared_lock<std::shared_mutex>> locks = LockAll<std::shared_lock>();
     // Shard s's entries go to [offset[s], offset[s + 1]), so shards copy in parallel.
     std::array<int64_t, kNumShards + 1> offset;
@@ -591,7 +592,11 @@ class CpuTable final : public Table {
       });
       return Status::Ok();
     }
-    const std::vector<std::pair<uint64_t, const char*>> order = RowsOldestFirst(n);
+    std::vector<std::pair<uint64_t, const char*>> order;
+    DYNEMB_RETURN_IF_ERROR(GuardMemory([&] {
+      order = RowsOldestFirst(n);
+      return Status::Ok();
+    }));
     parallel(n, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) emit(i, order[i].second);
     });
@@ -1734,10 +1739,15 @@ std::unique_ptr<Table> NewCpuTable(const TableOptions& options, Status* status) 
       return nullptr;
     }
   }
-  switch (options.key_type) {
-    case KeyType::kInt32: return std::make_unique<CpuTable<int32_t>>(options);
-    case KeyType::kInt64: return std::make_unique<CpuTable<int64_t>>(options);
-    case KeyType::kString: return std::make_unique<CpuTable<std::string>>(options);
+  try {
+    switch (options.key_type) {
+      case KeyType::kInt32: return std::make_unique<CpuTable<int32_t>>(options);
+      case KeyType::kInt64: return std::make_unique<CpuTable<int64_t>>(options);
+      case KeyType::kString: return std::make_unique<CpuTable<std::string>>(options);
+    }
+  } catch (const std::bad_alloc&) {
+    *status = Status(StatusCode::kResourceExhausted, kOutOfMemoryMessage);
+    return nullptr;
   }
   *status = InvalidArgument("unknown key type");
   return nullptr;
