@@ -319,7 +319,10 @@ def test_pss_keras_model_fit_trains_layer_and_slots_on_the_ps():
     assert result["slot_sizes"] == [keys, keys]
     assert result["iterations"] == result["steps"]
     initial, final = result["eval_losses"]
-    assert final < 0.1 * initial, (initial, final)
+    # Workers apply their steps asynchronously, so the final loss varies run to run:
+    # 0.068-0.109 of the initial one in nine runs on the development VM. Learning is a
+    # fall below a fifth.
+    assert final < 0.2 * initial, (initial, final)
 
 
 def test_pss_ps_killed_mid_training_fails_clearly_and_checkpoint_keeps_everything():
