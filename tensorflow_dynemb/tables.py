@@ -757,7 +757,9 @@ class HashTable(_DynembTable):
             holds int32/int64-keyed tables when the op library has its GPU kernels
             (docs/gpu.md); string-keyed tables run on the CPU.
           shared_name: share the table with every other table of this name in the
-            process (default: not shared; eager tables are anonymous).
+            process (default: not shared; eager tables are anonymous). Dtypes and
+            value shape must match the existing table's, or the op raises
+            `InvalidArgumentError`.
 
         Raises:
           TypeError: an unsupported dtype, or `default_value` of another dtype.
@@ -945,7 +947,10 @@ class HkvHashTable(_DynembTable):
             `step_per_epoch` and `gen_scores_fn` (as in TFRA).
           device: where to place the table and its ops (default: TF's placer); see
             `HashTable`.
-          shared_name: share the table by this name (default: not shared).
+          shared_name: share the table by this name (default: not shared). Dtypes,
+            value shape, `max_capacity`, `evict_strategy` and `step_per_epoch` must
+            match the existing table's (`init_capacity` may differ), or the op raises
+            `InvalidArgumentError`.
           evict_strategy: used when no `config` is given.
           step_per_epoch: used when no `config` is given.
           gen_scores_fn: used when no `config` is given.

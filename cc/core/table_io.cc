@@ -128,6 +128,9 @@ Status ReadStringKey(ByteSource* source, uint32_t len, std::string* key) {
   return Status::Ok();
 }
 
+// The most bytes of rows a load reads before inserting them.
+constexpr uint64_t kMaxBatchBytes = uint64_t{64} << 20;
+
 // One batch of rows read from a stream, in the layout Table::Insert takes.
 struct RowBatch {
   std::vector<char> numeric_keys;
@@ -182,9 +185,6 @@ struct RowBatch {
 // inserting each batch (filtered to one shard when asked) into `table`, or,
 // with table == nullptr, only checking that the stream is complete and well
 // formed.
-// The most bytes of rows a load reads before inserting them.
-constexpr uint64_t kMaxBatchBytes = uint64_t{64} << 20;
-
 Status ReadRecords(ByteSource* source, const TableOptions& opt, const LoadOptions& load,
                    Table* table, const Runner& runner) {
   const size_t value_bytes = opt.value_bytes();
@@ -201,7 +201,8 @@ Status ReadRecords(ByteSource* source, const TableOptions& opt, const LoadOption
     // reach the end of the file and say so).
     const uint64_t max_batch =
         std::min<uint64_t>(static_cast<uint64_t>(load.chunk_rows),
-                           std::max<uint64_t>(1, kMaxBatchBytes / (key_bytes + 8 + value_bytes)));
+                           std::max<uint64_t>(1, kMaxBatchBytes / (key_bytes + sizeof(uint64_t) +
+                                                                   value_bytes)));
     for (uint64_t done = 0; done < n;) {
       const uint64_t batch = std::min<uint64_t>(n - done, max_batch);
       try {

@@ -274,12 +274,12 @@ class SaveTablesToBundleOp : public OpKernel {
     // file, of about equal bytes (files written at once finish together);
     // entries without rows go whole into the first file.
     std::vector<const Entry*> empty;
+    int64_t total_rows = 0;
     for (const Entry& e : entries) {
+      total_rows += e.rows();
       if (e.rows() == 0) empty.push_back(&e);
     }
     const int64_t files = num_files_;
-    int64_t total_rows = 0;
-    for (const Entry& e : entries) total_rows += e.rows();
     // A file without rows would be a bundle without a data file, which the
     // merge of the files cannot find.
     OP_REQUIRES(ctx, files <= std::max<int64_t>(1, total_rows),
