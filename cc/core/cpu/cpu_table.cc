@@ -8,6 +8,7 @@
 #include <atomic>
 #include <bitset>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -68,8 +69,18 @@ constexpr char kOutOfMemoryMessage[] =
     "bound the table with HkvHashTable's max_capacity";
 
 // Runs body(), which returns a Status; std::bad_alloc becomes that error.
+//
+// A thread's first throw allocates its C++ exception state (libstdc++'s
+// thread-local data, allocated lazily where libstdc++ was loaded by dlopen, as
+// under Python). If that allocation fails, as it does when the throw is a
+// bad_alloc, glibc ends the process ("cannot allocate memory for thread-local
+// data"), so no catch could help. std::uncaught_exceptions() reads that state,
+// so calling it on entry allocates it while memory is still there.
 template <typename Body>
 Status GuardMemory(Body&& body) {
+  // volatile: the call is declared pure, and an unused result would drop it.
+  volatile int touch_exception_state = std::uncaught_exceptions();
+  (void)touch_exception_state;
   try {
     return body();
   } catch (const std::bad_alloc&) {
