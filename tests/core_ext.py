@@ -151,6 +151,11 @@ def build(sources: list[Path], name: str, shared: bool, flags: tuple[str, ...] =
 
 
 def _load(path: Path, module_name: str = MODULE_NAME) -> ModuleType:
+    # numpy first, which loads the system libstdc++. A module built by a g++
+    # that links libstdc++ statically (the GPU machine's CXX=/opt/gcc/bin/g++)
+    # and loaded before it made ml_dtypes, which the module imports, crash
+    # (SIGSEGV in libstdc++) in a process that had not imported numpy yet.
+    import numpy  # noqa: F401, PLC0415
     loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
     spec = importlib.util.spec_from_file_location(module_name, str(path), loader=loader)
     module = importlib.util.module_from_spec(spec)
