@@ -62,31 +62,47 @@ struct DeviceTable {
   }
 };
 
-// The slot holding `key`, or kNoSlot. Probes buckets from the key's home
-// bucket until one that has an empty slot (inserts never pass such a bucket).
+// The bucket a key's probe starts at.
 template <typename K>
-__device__ uint64_t WarpFind(const DeviceTable<K>& t, K key, uint64_t hash, int lane) {
+__device__ __forceinline__ uint64_t HomeBucket(const DeviceTable<K>& t, uint64_t hash) {
+  return hash & (t.num_buckets - 1);
+}
+
+// The slot holding `key`, or kNoSlot, looked up by one thread (kernels look
+// up 32 keys per warp at once this way, keeping many lookups in flight).
+// Probes buckets from the key's home bucket until one that has an empty slot
+// (inserts never pass such a bucket). A bucket's 128 tags are one 128-byte
+// line, read as eight 16-byte loads issued together.
+template <typename K>
+__device__ uint64_t ThreadFind(const DeviceTable<K>& t, K key, uint64_t hash) {
+  constexpr int kWords = kBucketSlots / 4;
   const uint32_t want = Repeat4(TagOf(hash));
   const uint64_t mask = t.num_buckets - 1;
-  uint64_t bucket = hash & mask;
+  uint64_t bucket = HomeBucket(t, hash);
   for (uint64_t probe = 0; probe < t.num_buckets; ++probe, bucket = (bucket + 1) & mask) {
-    const uint64_t base = bucket * kBucketSlots + static_cast<uint64_t>(lane) * 4;
-    const uint32_t word = t.TagWords(bucket)[lane];
-    const uint32_t match = __vcmpeq4(word, want);  // 0xff in each matching byte
-    int found = -1;
-    for (int b = 0; b < 4 && match != 0; ++b) {
-      if (((match >> (8 * b)) & 0xff) != 0 && t.keys[base + b] == key) {
-        found = b;
-        break;
+    const uint4* line = reinterpret_cast<const uint4*>(t.TagWords(bucket));
+    uint32_t words[kWords];
+#pragma unroll
+    for (int q = 0; q < kWords / 4; ++q) {
+      const uint4 v = line[q];
+      words[4 * q] = v.x;
+      words[4 * q + 1] = v.y;
+      words[4 * q + 2] = v.z;
+      words[4 * q + 3] = v.w;
+    }
+    bool has_empty = false;
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      uint32_t match = __vcmpeq4(words[w], want);  // 0xff in each matching byte
+      while (match != 0) {
+        const int byte = (__ffs(match) - 1) / 8;
+        match &= ~(0xffu << (8 * byte));
+        const uint64_t slot = bucket * kBucketSlots + 4 * w + byte;
+        if (t.keys[slot] == key) return slot;
       }
+      has_empty = has_empty || __vcmpeq4(words[w], 0) != 0;
     }
-    const unsigned hit = __ballot_sync(kFullMask, found >= 0);
-    if (hit != 0) {  // keys are unique in the table: at most one lane hit
-      const int src = __ffs(hit) - 1;
-      const int byte = __shfl_sync(kFullMask, found, src);
-      return bucket * kBucketSlots + static_cast<uint64_t>(src) * 4 + byte;
-    }
-    if (__ballot_sync(kFullMask, __vcmpeq4(word, 0) != 0) != 0) return kNoSlot;
+    if (has_empty) return kNoSlot;
   }
   return kNoSlot;
 }
@@ -101,7 +117,7 @@ __device__ uint64_t WarpFind(const DeviceTable<K>& t, K key, uint64_t hash, int 
 template <typename K>
 __device__ uint64_t WarpClaim(const DeviceTable<K>& t, uint64_t hash, int lane, bool* was_empty) {
   const uint64_t mask = t.num_buckets - 1;
-  uint64_t bucket = hash & mask;
+  uint64_t bucket = HomeBucket(t, hash);
   for (uint64_t probe = 0; probe < t.num_buckets; ++probe, bucket = (bucket + 1) & mask) {
     uint32_t* words = t.TagWords(bucket);
     // Bypass L1: other warps claim slots in this word concurrently.

@@ -1,6 +1,8 @@
 // The kernels of the GPU table (gpu_table.cu queues them). Each kernel is a
 // grid-stride loop in which one warp handles one item (a key, a distinct key
-// of a batch, an entry to move or report); per-warp counts are summed per
+// of a batch, an entry to move or report), except lookups: Find and
+// ApplyWrites have each lane look up one key of the warp's run of keys, and
+// Remove takes one key per thread. Per-warp counts are summed per
 // block in shared memory and added to the global BatchCounters once per
 // block, so a million-key batch makes thousands of global atomics, not
 // millions.
@@ -70,6 +72,28 @@ __device__ __forceinline__ uint64_t NumWarps() {
   return static_cast<uint64_t>(gridDim.x) * blockDim.x / kWarpSize;
 }
 
+// Sums each lane's counts into lane 0's (for kernels whose lanes count on
+// their own; FlushCounts takes lane 0's). Called by all 32 lanes.
+template <int N>
+__device__ void SumCountsIntoLane0(unsigned long long (&counts)[N]) {
+  for (int c = 0; c < N; ++c) {
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      counts[c] += __shfl_down_sync(kFullMask, counts[c], offset);
+    }
+  }
+}
+
+// The range of items a warp takes at a time in kernels whose lanes first look
+// up one key each (ThreadFind) and then the warp handles the keys one by one:
+// items [first, first + count), with first + lane this lane's item.
+struct WarpChunk {
+  uint64_t first;
+  int count;
+};
+__device__ __forceinline__ WarpChunk ChunkAt(uint64_t first, uint64_t n, int per_warp) {
+  return {first, static_cast<int>(n - first < uint64_t(per_warp) ? n - first : per_warp)};
+}
+
 // ---------------------------------------------------------------------------
 // A batch grouped by key: sorted_keys / sorted_pos are the batch's keys and
 // positions sorted by key (stably: each key's positions ascend), starts[u] is
@@ -126,29 +150,40 @@ __device__ uint64_t ClaimNewKey(const DeviceTable<K>& t, K key, uint64_t hash, i
   return slot;
 }
 
-// Insert rows [b, e) of one distinct key, present at `slot` (or absent:
-// kNoSlot). Sequentially the last row's values win and the score folds over
-// every row, so only the last row's values are copied.
+// What insert rows [b, e) of one distinct key, present at `slot` (or absent:
+// kNoSlot), leave: sequentially the last row's values win and the score folds
+// over every row, so the key's final score and last row are all a write
+// needs. One thread's work (each lane folds its own key).
 template <typename K>
-__device__ void InsertKeyRows(const DeviceTable<K>& t, const GroupedBatch<K>& batch,
-                              const WriteArgs& a, K key, uint64_t hash, uint64_t slot,
-                              uint32_t b, uint32_t e, int lane, WarpCounts* counts) {
-  const bool existed = slot != kNoSlot;
-  uint64_t score = existed ? t.scores[slot] : 0;
-  bool seen = existed;
+__device__ void FoldInsertRows(const DeviceTable<K>& t, const GroupedBatch<K>& batch,
+                               const WriteArgs& a, uint64_t slot, uint32_t b, uint32_t e,
+                               uint64_t* score, uint32_t* last) {
+  bool seen = slot != kNoSlot;
+  uint64_t folded = seen ? t.scores[slot] : 0;
   for (uint32_t j = b; j < e; ++j) {
     const uint32_t p = batch.sorted_pos[j];
-    score = a.scores != nullptr ? a.scores[p] : a.rule.Score(seen, score);
+    folded = a.scores != nullptr ? a.scores[p] : a.rule.Score(seen, folded);
     seen = true;
   }
-  const uint32_t last = batch.sorted_pos[e - 1];
+  *score = folded;
+  *last = batch.sorted_pos[e - 1];
+}
+
+// Writes the result of insert rows [b, e) of one distinct key, folded by
+// FoldInsertRows: row `last`'s values and `score`, into `slot` (or a slot
+// claimed for the key when absent: kNoSlot).
+template <typename K>
+__device__ void WriteInsertedKey(const DeviceTable<K>& t, const WriteArgs& a, K key,
+                                 uint64_t hash, uint64_t slot, uint32_t rows, uint64_t score,
+                                 uint32_t last, int lane, WarpCounts* counts) {
+  const bool existed = slot != kNoSlot;
   if (!existed) {
     slot = ClaimNewKey(t, key, hash, lane, counts);
     if (slot == kNoSlot) return;
     ++counts->inserts();
-    counts->updates() += e - b - 1;
+    counts->updates() += rows - 1;
   } else {
-    counts->updates() += e - b;
+    counts->updates() += rows;
   }
   WarpCopy(t.Row(slot), a.rows + static_cast<uint64_t>(last) * t.value_bytes, t.value_bytes, lane);
   if (lane == 0) {
@@ -205,71 +240,111 @@ __device__ inline bool WillInsert(const uint32_t* sorted_pos, const bool* exists
   return __any_sync(kFullMask, any);
 }
 
+// Each warp takes `per_warp` (1 to 32) distinct keys at a time: every lane
+// looks up one (ThreadFind) and, for inserts, folds its rows, then the warp
+// applies the keys one after the other. Only this warp writes its keys, so a key's slot, looked up
+// ahead, stays right while other warps claim slots for theirs.
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads)
     ApplyWritesKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a,
-                      unsigned long long* counters) {
+                      unsigned long long* counters, int per_warp) {
   WarpCounts counts;
   const int lane = Lane();
-  for (uint64_t u = WarpId(); u < *batch.num_keys; u += NumWarps()) {
-    uint32_t b, e;
-    batch.Segment(static_cast<uint32_t>(u), &b, &e);
-    const K key = batch.sorted_keys[b];
-    const uint64_t hash = HashKey(key);
-    const uint64_t slot = WarpFind(t, key, hash, lane);
-    if (a.mode == ApplyMode::kPresentOnly && slot == kNoSlot) {
-      for (uint32_t j = b + lane; j < e; j += kWarpSize) {
-        a.key_of_row[batch.sorted_pos[j]] = static_cast<uint32_t>(u);
+  const uint64_t num_keys = *batch.num_keys;
+  for (uint64_t first = WarpId() * per_warp; first < num_keys; first += NumWarps() * per_warp) {
+    const WarpChunk chunk = ChunkAt(first, num_keys, per_warp);
+    uint32_t my_b = 0, my_e = 0;
+    K my_key{};
+    uint64_t my_hash = 0, my_slot = kNoSlot, my_score = 0;
+    uint32_t my_last = 0;
+    if (lane < chunk.count) {
+      batch.Segment(static_cast<uint32_t>(first + lane), &my_b, &my_e);
+      my_key = batch.sorted_keys[my_b];
+      my_hash = HashKey(my_key);
+      my_slot = ThreadFind(t, my_key, my_hash);
+      const bool skipped = my_slot == kNoSlot ? a.mode == ApplyMode::kPresentOnly
+                                              : a.mode == ApplyMode::kAbsentOnly;
+      if (a.exists == nullptr && !skipped) {
+        FoldInsertRows(t, batch, a, my_slot, my_b, my_e, &my_score, &my_last);
       }
-      if (WillInsert(batch.sorted_pos, a.exists, b, e, lane)) ++counts.new_keys();
-      continue;
     }
-    if (a.mode == ApplyMode::kAbsentOnly && slot != kNoSlot) continue;
-    if (a.exists == nullptr) {
-      InsertKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
-    } else {
-      AccumKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
+    for (int j = 0; j < chunk.count; ++j) {
+      const uint64_t u = first + j;
+      const uint32_t b = __shfl_sync(kFullMask, my_b, j);
+      const uint32_t e = __shfl_sync(kFullMask, my_e, j);
+      const K key = __shfl_sync(kFullMask, my_key, j);
+      const uint64_t hash = __shfl_sync(kFullMask, my_hash, j);
+      const uint64_t slot = __shfl_sync(kFullMask, my_slot, j);
+      if (a.mode == ApplyMode::kPresentOnly && slot == kNoSlot) {
+        for (uint32_t r = b + lane; r < e; r += kWarpSize) {
+          a.key_of_row[batch.sorted_pos[r]] = static_cast<uint32_t>(u);
+        }
+        if (WillInsert(batch.sorted_pos, a.exists, b, e, lane)) ++counts.new_keys();
+        continue;
+      }
+      if (a.mode == ApplyMode::kAbsentOnly && slot != kNoSlot) continue;
+      if (a.exists == nullptr) {
+        WriteInsertedKey(t, a, key, hash, slot, e - b, __shfl_sync(kFullMask, my_score, j),
+                         __shfl_sync(kFullMask, my_last, j), lane, &counts);
+      } else {
+        AccumKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
+      }
     }
   }
   FlushCounts(counts.v, counters);
 }
 
+// Each warp takes `per_warp` (1 to 32) consecutive keys at a time: every
+// lane looks up one (ThreadFind), so that a warp has up to 32 lookups in
+// flight, then the warp copies the rows one key after the other (coalesced
+// for wide rows).
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads)
     FindKernel(DeviceTable<K> t, const K* keys, uint64_t n, char* values, bool* exists,
                const char* defaults, bool default_per_key, bool touch, ScoreRule rule,
-               unsigned long long* misses) {
-  unsigned long long local_misses = 0;
+               unsigned long long* misses, int per_warp) {
+  unsigned long long counts[1] = {0};  // this lane's misses
   const int lane = Lane();
-  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
-    const K key = keys[i];
-    const uint64_t slot = WarpFind(t, key, HashKey(key), lane);
-    const bool found = slot != kNoSlot;
-    const char* src = found ? t.Row(slot) : defaults + (default_per_key ? i * t.value_bytes : 0);
-    WarpCopy(values + i * t.value_bytes, src, t.value_bytes, lane);
-    if (lane == 0) {
-      if (exists != nullptr) exists[i] = found;
+  for (uint64_t first = WarpId() * per_warp; first < n; first += NumWarps() * per_warp) {
+    const WarpChunk chunk = ChunkAt(first, n, per_warp);
+    const uint64_t mine = first + lane;
+    uint64_t my_slot = kNoSlot;
+    if (lane < chunk.count) {
+      const K key = keys[mine];
+      my_slot = ThreadFind(t, key, HashKey(key));
+      const bool found = my_slot != kNoSlot;
+      if (exists != nullptr) exists[mine] = found;
       // LRU strategies only (the caller checks): the score does not depend
       // on the old one, so duplicate keys of a batch write the same value.
-      if (found && touch) t.scores[slot] = rule.Score(true, t.scores[slot]);
-      if (!found) ++local_misses;
+      if (found && touch) t.scores[my_slot] = rule.Score(true, t.scores[my_slot]);
+      if (!found) ++counts[0];
+    }
+    for (int j = 0; j < chunk.count; ++j) {
+      const uint64_t i = first + j;
+      const uint64_t slot = __shfl_sync(kFullMask, my_slot, j);
+      const char* src = slot != kNoSlot ? t.Row(slot)
+                                        : defaults + (default_per_key ? i * t.value_bytes : 0);
+      WarpCopy(values + i * t.value_bytes, src, t.value_bytes, lane);
     }
   }
-  const unsigned long long counts[1] = {local_misses};
+  SumCountsIntoLane0(counts);
   FlushCounts(counts, misses);
 }
 
+// One thread per key. Two rows of one key find the same slot, and only one
+// of them deletes it (TryDeleteTag).
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads)
     RemoveKernel(DeviceTable<K> t, const K* keys, uint64_t n, unsigned long long* counters) {
   WarpCounts counts;
-  const int lane = Lane();
-  for (uint64_t i = WarpId(); i < n; i += NumWarps()) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
     const K key = keys[i];
     const uint64_t hash = HashKey(key);
-    const uint64_t slot = WarpFind(t, key, hash, lane);
-    if (slot != kNoSlot && lane == 0 && TryDeleteTag(t, slot, TagOf(hash))) ++counts.removes();
+    const uint64_t slot = ThreadFind(t, key, hash);
+    if (slot != kNoSlot && TryDeleteTag(t, slot, TagOf(hash))) ++counts.removes();
   }
+  SumCountsIntoLane0(counts.v);
   FlushCounts(counts.v, counters);
 }
 

@@ -64,6 +64,14 @@ int ThreadGrid(uint64_t items, int num_sms) {
   const uint64_t wanted = (items + kBlockThreads - 1) / kBlockThreads;
   return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(wanted, uint64_t(num_sms) * 32)));
 }
+// Keys per warp for a kernel whose warps take runs of consecutive keys (up
+// to a warp's 32 lanes): as many as still leave about two warps per warp slot
+// of the GPU (64 per SM), so that small batches keep the GPU busy.
+int KeysPerWarp(uint64_t n, int num_sms) {
+  const uint64_t warps_wanted = uint64_t(num_sms) * 64 * 2;
+  const uint64_t per_warp = std::max<uint64_t>(1, n / warps_wanted);
+  return static_cast<int>(std::min<uint64_t>(gpu::kWarpSize, per_warp));
+}
 
 // ---------------------------------------------------------------------------
 // Scratch: device memory for one operation, from the runner's GpuScratch
@@ -262,10 +270,12 @@ class GpuTable final : public Table {
                          (options_.strategy == EvictStrategy::kLru ||
                           options_.strategy == EvictStrategy::kEpochLru);
       const ScoreRule rule{options_.strategy, touch ? NextClock() : 0, CurrentEpoch()};
-      gpu::FindKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
+      const int per_warp = KeysPerWarp(n, num_sms_);
+      gpu::FindKernel<K>
+          <<<WarpGrid((n + per_warp - 1) / per_warp, num_sms_), kBlockThreads, 0, stream>>>(
           storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n),
           static_cast<char*>(values), exists, static_cast<const char*>(defaults),
-          default_per_key, touch, rule, misses_);
+          default_per_key, touch, rule, misses_, per_warp);
       lookups_ += static_cast<uint64_t>(n);
       return CudaStatus(cudaGetLastError(), "FindKernel launch");
     });
@@ -312,7 +322,7 @@ class GpuTable final : public Table {
     std::lock_guard<std::mutex> lock(mu_);
     return Ordered(stream, [&] {
       DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream));
-      gpu::RemoveKernel<K><<<WarpGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
+      gpu::RemoveKernel<K><<<ThreadGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
           storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n), batch_counters_);
       DYNEMB_CUDA_RETURN(cudaGetLastError(), "RemoveKernel launch");
       return ReadBatchCounters(stream);  // host sync: Size() is kept on the host
@@ -671,8 +681,11 @@ class GpuTable final : public Table {
   }
 
   Status Apply(const GroupedBatch<K>& batch, const WriteArgs& a, cudaStream_t stream) {
-    gpu::ApplyWritesKernel<K><<<WarpGrid(batch.n, num_sms_), kBlockThreads, 0, stream>>>(
-        storage_.t, batch, a, batch_counters_);
+    // batch.n bounds the distinct keys (their count stays on the device).
+    const int per_warp = KeysPerWarp(batch.n, num_sms_);
+    gpu::ApplyWritesKernel<K>
+        <<<WarpGrid((batch.n + per_warp - 1) / per_warp, num_sms_), kBlockThreads, 0, stream>>>(
+            storage_.t, batch, a, batch_counters_, per_warp);
     return CudaStatus(cudaGetLastError(), "ApplyWritesKernel launch");
   }
 

@@ -34,9 +34,10 @@
 //   home bucket comes from its hash; when a bucket has no free slot an insert
 //   moves on to the next bucket, so a lookup stops at the first bucket with an
 //   empty slot. Removal leaves a "deleted" tag (reused by inserts; dropped by
-//   the next rehash). One warp handles one key: each lane checks 4 tags with
-//   one 32-bit load, a ballot finds digest matches, keys are compared only
-//   there, and the warp copies the value row.
+//   the next rehash). One thread looks up one key: it reads the bucket's 128
+//   tags (one 128-byte line) and compares keys only where the digest matches;
+//   each lane of a warp looks up its own key, then the warp copies the value
+//   rows one key after the other.
 //   Value rows: row i of the first `max_hbm_for_values / row bytes` slots is
 //   in device memory, the rest in mapped pinned host memory; kernels reach
 //   both through one row-address function.
@@ -48,7 +49,9 @@
 //   Keys are sorted with their batch positions (cub radix sort, stable), so
 //   every distinct key's rows are adjacent and in batch order; one warp then
 //   applies all rows of one key in order (last insert wins, accum deltas add
-//   up in batch order, scores fold row by row). No two warps write one key.
+//   up in batch order, scores fold row by row), after its lanes have looked
+//   up (and, for insert, folded) up to 32 keys at once. No two warps write
+//   one key.
 //
 // Bounded tables (exactly the CPU core's rule, in batch order)
 //   A batch that cannot fill the table is applied as above. Otherwise, as on
