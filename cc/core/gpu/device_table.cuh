@@ -205,6 +205,63 @@ __device__ __forceinline__ void WarpCopy(char* dst, const char* src, uint32_t by
   __syncwarp();
 }
 
+constexpr int kCopyBatch = 4;  // units a lane loads before it stores any
+
+// dst[u] = src[u] for this lane's units part, part + group, ... below
+// `units`, loading up to kCopyBatch of them before storing: a load waits a
+// memory latency, and several in flight wait it once.
+template <typename U>
+__device__ __forceinline__ void CopyUnits(U* dst, const U* src, uint32_t units, uint32_t part,
+                                          uint32_t group) {
+  for (uint32_t first = part; first < units; first += group * kCopyBatch) {
+    U buffer[kCopyBatch];
+#pragma unroll
+    for (int b = 0; b < kCopyBatch; ++b) {
+      if (first + b * group < units) buffer[b] = src[first + b * group];
+    }
+#pragma unroll
+    for (int b = 0; b < kCopyBatch; ++b) {
+      if (first + b * group < units) dst[first + b * group] = buffer[b];
+    }
+  }
+}
+
+// Copies up to 32 rows of `bytes` bytes, by the whole warp: row k < count from
+// src(k) to dst(k), skipped where either is null. Every lane calls src and dst
+// with some row below count, so they may shuffle. `address_bits` ORs the base
+// addresses the rows lie at, to pick the widest unit they allow. The lanes
+// split into groups just wide enough for a row at kCopyBatch units per lane,
+// so that narrow rows copy many at a time with all their loads in flight
+// (WarpCopy row after row waits a memory latency per row).
+template <typename Src, typename Dst>
+__device__ void WarpCopyRows(int count, uint32_t bytes, uintptr_t address_bits, Src src, Dst dst,
+                             int lane) {
+  const uintptr_t bits = address_bits | bytes;
+  const uint32_t unit = bits % 16 == 0 ? 16 : bits % 4 == 0 ? 4 : 1;
+  const uint32_t units = bytes / unit;
+  uint32_t group = 1;
+  while (group < kWarpSize && group * kCopyBatch < units) group *= 2;
+  const int rows_per_pass = kWarpSize / static_cast<int>(group);
+  const uint32_t part = lane % group;
+  for (int first = 0; first < count; first += rows_per_pass) {
+    const int k = first + lane / static_cast<int>(group);
+    const int row = k < count ? k : count - 1;
+    const char* from = src(row);
+    char* to = dst(row);
+    if (k >= count || from == nullptr || to == nullptr) continue;
+    if (unit == 16) {
+      CopyUnits(reinterpret_cast<uint4*>(to), reinterpret_cast<const uint4*>(from), units, part,
+                group);
+    } else if (unit == 4) {
+      CopyUnits(reinterpret_cast<uint32_t*>(to), reinterpret_cast<const uint32_t*>(from), units,
+                part, group);
+    } else {
+      CopyUnits(to, from, units, part, group);
+    }
+  }
+  __syncwarp();
+}
+
 // *d += *s for one element, with the CPU core's rules (value_ops.h): floats
 // in their type (half and bfloat16 through float, rounded to nearest even),
 // integers wrap, bool is logical or.

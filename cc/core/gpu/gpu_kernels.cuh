@@ -21,6 +21,10 @@ namespace gpu {
 
 constexpr int kBlockThreads = 256;
 constexpr int kWarpsPerBlock = kBlockThreads / kWarpSize;
+// Blocks per SM that kernels with a lookup per lane ask the compiler to fit
+// (at most 85 registers per thread): their speed comes from the lookups in
+// flight, so registers are traded for warps.
+constexpr int kLookupBlocksPerSm = 3;
 
 // What one write batch did, summed on the device and read once per batch.
 struct BatchCounters {
@@ -170,27 +174,31 @@ __device__ void FoldInsertRows(const DeviceTable<K>& t, const GroupedBatch<K>& b
 }
 
 // Writes the result of insert rows [b, e) of one distinct key, folded by
-// FoldInsertRows: row `last`'s values and `score`, into `slot` (or a slot
-// claimed for the key when absent: kNoSlot).
+// FoldInsertRows: `score` and the age of row `last`, into `slot` (or a slot
+// claimed for the key when absent: kNoSlot). Returns the slot, whose value
+// row the caller then copies from row `last` (rows of several keys at once),
+// or kNoSlot if no slot could be claimed. No one reads the row before the
+// kernel ends: lookups run in later kernels, and no other warp writes or
+// looks for this key.
 template <typename K>
-__device__ void WriteInsertedKey(const DeviceTable<K>& t, const WriteArgs& a, K key,
-                                 uint64_t hash, uint64_t slot, uint32_t rows, uint64_t score,
-                                 uint32_t last, int lane, WarpCounts* counts) {
+__device__ uint64_t WriteInsertedKey(const DeviceTable<K>& t, const WriteArgs& a, K key,
+                                     uint64_t hash, uint64_t slot, uint32_t rows, uint64_t score,
+                                     uint32_t last, int lane, WarpCounts* counts) {
   const bool existed = slot != kNoSlot;
   if (!existed) {
     slot = ClaimNewKey(t, key, hash, lane, counts);
-    if (slot == kNoSlot) return;
+    if (slot == kNoSlot) return kNoSlot;
     ++counts->inserts();
     counts->updates() += rows - 1;
   } else {
     counts->updates() += rows;
   }
-  WarpCopy(t.Row(slot), a.rows + static_cast<uint64_t>(last) * t.value_bytes, t.value_bytes, lane);
   if (lane == 0) {
     t.scores[slot] = score;
     t.ages[slot] = a.age_base + last;
     if (!existed) PublishTag(t, slot, hash);
   }
+  return slot;
 }
 
 // Accum rows [b, e) of one distinct key, in batch order: a row with exists
@@ -245,7 +253,7 @@ __device__ inline bool WillInsert(const uint32_t* sorted_pos, const bool* exists
 // applies the keys one after the other. Only this warp writes its keys, so a key's slot, looked up
 // ahead, stays right while other warps claim slots for theirs.
 template <typename K>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     ApplyWritesKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a,
                       unsigned long long* counters, int per_warp) {
   WarpCounts counts;
@@ -268,6 +276,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         FoldInsertRows(t, batch, a, my_slot, my_b, my_e, &my_score, &my_last);
       }
     }
+    uint64_t my_written = kNoSlot;  // lane j: the slot insert wrote key first + j into
     for (int j = 0; j < chunk.count; ++j) {
       const uint64_t u = first + j;
       const uint32_t b = __shfl_sync(kFullMask, my_b, j);
@@ -284,22 +293,39 @@ __global__ void __launch_bounds__(kBlockThreads)
       }
       if (a.mode == ApplyMode::kAbsentOnly && slot != kNoSlot) continue;
       if (a.exists == nullptr) {
-        WriteInsertedKey(t, a, key, hash, slot, e - b, __shfl_sync(kFullMask, my_score, j),
-                         __shfl_sync(kFullMask, my_last, j), lane, &counts);
+        const uint64_t written =
+            WriteInsertedKey(t, a, key, hash, slot, e - b, __shfl_sync(kFullMask, my_score, j),
+                             __shfl_sync(kFullMask, my_last, j), lane, &counts);
+        if (lane == j) my_written = written;
       } else {
         AccumKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
       }
     }
+    // Insert: each written key's value row is its last row's.
+    const uintptr_t bases = reinterpret_cast<uintptr_t>(a.rows) |
+                            reinterpret_cast<uintptr_t>(t.hbm_values) |
+                            reinterpret_cast<uintptr_t>(t.host_values);
+    WarpCopyRows(
+        chunk.count, t.value_bytes, bases,
+        [&](int k) -> const char* {
+          const uint64_t last = __shfl_sync(kFullMask, my_last, k);
+          return a.rows + last * t.value_bytes;
+        },
+        [&](int k) -> char* {
+          const uint64_t slot = __shfl_sync(kFullMask, my_written, k);
+          return slot != kNoSlot ? t.Row(slot) : nullptr;
+        },
+        lane);
   }
   FlushCounts(counts.v, counters);
 }
 
 // Each warp takes `per_warp` (1 to 32) consecutive keys at a time: every
 // lane looks up one (ThreadFind), so that a warp has up to 32 lookups in
-// flight, then the warp copies the rows one key after the other (coalesced
-// for wide rows).
+// flight, then the warp copies their rows (WarpCopyRows: many narrow rows at
+// once, wide ones coalesced).
 template <typename K>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     FindKernel(DeviceTable<K> t, const K* keys, uint64_t n, char* values, bool* exists,
                const char* defaults, bool default_per_key, bool touch, ScoreRule rule,
                unsigned long long* misses, int per_warp) {
@@ -319,13 +345,17 @@ __global__ void __launch_bounds__(kBlockThreads)
       if (found && touch) t.scores[my_slot] = rule.Score(true, t.scores[my_slot]);
       if (!found) ++counts[0];
     }
-    for (int j = 0; j < chunk.count; ++j) {
-      const uint64_t i = first + j;
-      const uint64_t slot = __shfl_sync(kFullMask, my_slot, j);
-      const char* src = slot != kNoSlot ? t.Row(slot)
-                                        : defaults + (default_per_key ? i * t.value_bytes : 0);
-      WarpCopy(values + i * t.value_bytes, src, t.value_bytes, lane);
-    }
+    const uintptr_t bases =
+        reinterpret_cast<uintptr_t>(values) | reinterpret_cast<uintptr_t>(defaults) |
+        reinterpret_cast<uintptr_t>(t.hbm_values) | reinterpret_cast<uintptr_t>(t.host_values);
+    WarpCopyRows(
+        chunk.count, t.value_bytes, bases,
+        [&](int k) -> const char* {
+          const uint64_t slot = __shfl_sync(kFullMask, my_slot, k);
+          if (slot != kNoSlot) return t.Row(slot);
+          return defaults + (default_per_key ? (first + k) * t.value_bytes : 0);
+        },
+        [&](int k) -> char* { return values + (first + k) * t.value_bytes; }, lane);
   }
   SumCountsIntoLane0(counts);
   FlushCounts(counts, misses);
