@@ -87,15 +87,11 @@ __device__ void SumCountsIntoLane0(unsigned long long (&counts)[N]) {
   }
 }
 
-// The range of items a warp takes at a time in kernels whose lanes first look
+// How many items a warp takes from `first` in kernels whose lanes first look
 // up one key each (ThreadFind) and then the warp handles the keys one by one:
-// items [first, first + count), with first + lane this lane's item.
-struct WarpChunk {
-  uint64_t first;
-  int count;
-};
-__device__ __forceinline__ WarpChunk ChunkAt(uint64_t first, uint64_t n, int per_warp) {
-  return {first, static_cast<int>(n - first < uint64_t(per_warp) ? n - first : per_warp)};
+// items [first, first + count) of n, with first + lane this lane's item.
+__device__ __forceinline__ int ChunkCount(uint64_t first, uint64_t n, int per_warp) {
+  return static_cast<int>(n - first < uint64_t(per_warp) ? n - first : per_warp);
 }
 
 // ---------------------------------------------------------------------------
@@ -250,8 +246,9 @@ __device__ inline bool WillInsert(const uint32_t* sorted_pos, const bool* exists
 
 // Each warp takes `per_warp` (1 to 32) distinct keys at a time: every lane
 // looks up one (ThreadFind) and, for inserts, folds its rows, then the warp
-// applies the keys one after the other. Only this warp writes its keys, so a key's slot, looked up
-// ahead, stays right while other warps claim slots for theirs.
+// applies the keys one after the other. Only this warp writes its keys, so a
+// key's slot, looked up ahead, stays right while other warps claim slots for
+// theirs.
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     ApplyWritesKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a,
@@ -260,12 +257,12 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
   const int lane = Lane();
   const uint64_t num_keys = *batch.num_keys;
   for (uint64_t first = WarpId() * per_warp; first < num_keys; first += NumWarps() * per_warp) {
-    const WarpChunk chunk = ChunkAt(first, num_keys, per_warp);
+    const int count = ChunkCount(first, num_keys, per_warp);
     uint32_t my_b = 0, my_e = 0;
     K my_key{};
     uint64_t my_hash = 0, my_slot = kNoSlot, my_score = 0;
     uint32_t my_last = 0;
-    if (lane < chunk.count) {
+    if (lane < count) {
       batch.Segment(static_cast<uint32_t>(first + lane), &my_b, &my_e);
       my_key = batch.sorted_keys[my_b];
       my_hash = HashKey(my_key);
@@ -277,7 +274,7 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
       }
     }
     uint64_t my_written = kNoSlot;  // lane j: the slot insert wrote key first + j into
-    for (int j = 0; j < chunk.count; ++j) {
+    for (int j = 0; j < count; ++j) {
       const uint64_t u = first + j;
       const uint32_t b = __shfl_sync(kFullMask, my_b, j);
       const uint32_t e = __shfl_sync(kFullMask, my_e, j);
@@ -306,7 +303,7 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
                             reinterpret_cast<uintptr_t>(t.hbm_values) |
                             reinterpret_cast<uintptr_t>(t.host_values);
     WarpCopyRows(
-        chunk.count, t.value_bytes, bases,
+        count, t.value_bytes, bases,
         [&](int k) -> const char* {
           const uint64_t last = __shfl_sync(kFullMask, my_last, k);
           return a.rows + last * t.value_bytes;
@@ -332,10 +329,10 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
   unsigned long long counts[1] = {0};  // this lane's misses
   const int lane = Lane();
   for (uint64_t first = WarpId() * per_warp; first < n; first += NumWarps() * per_warp) {
-    const WarpChunk chunk = ChunkAt(first, n, per_warp);
+    const int count = ChunkCount(first, n, per_warp);
     const uint64_t mine = first + lane;
     uint64_t my_slot = kNoSlot;
-    if (lane < chunk.count) {
+    if (lane < count) {
       const K key = keys[mine];
       my_slot = ThreadFind(t, key, HashKey(key));
       const bool found = my_slot != kNoSlot;
@@ -349,7 +346,7 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
         reinterpret_cast<uintptr_t>(values) | reinterpret_cast<uintptr_t>(defaults) |
         reinterpret_cast<uintptr_t>(t.hbm_values) | reinterpret_cast<uintptr_t>(t.host_values);
     WarpCopyRows(
-        chunk.count, t.value_bytes, bases,
+        count, t.value_bytes, bases,
         [&](int k) -> const char* {
           const uint64_t slot = __shfl_sync(kFullMask, my_slot, k);
           if (slot != kNoSlot) return t.Row(slot);
