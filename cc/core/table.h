@@ -261,6 +261,9 @@ const char* EvictStrategyName(EvictStrategy strategy);
 // The most elements a value row may have (64 MiB of float32): far beyond any
 // embedding, and small enough that no batch's shape overflows.
 constexpr int64_t kMaxDim = int64_t{1} << 24;
+// Ok when `dim` elements per value row are allowed ([1, kMaxDim]), else an
+// InvalidArgument naming it.
+Status CheckDim(int64_t dim);
 
 struct TableOptions {
   KeyType key_type = KeyType::kInt64;

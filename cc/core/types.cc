@@ -89,10 +89,15 @@ Status CheckBatchArgs(const void* keys, int64_t n, const void* data, const char*
   return Status::Ok();
 }
 
-Status TableOptions::Validate() const {
+Status CheckDim(int64_t dim) {
   if (dim < 1 || dim > kMaxDim) {
     return InvalidArgument("dim must be in [1, 2^24], got " + std::to_string(dim));
   }
+  return Status::Ok();
+}
+
+Status TableOptions::Validate() const {
+  DYNEMB_RETURN_IF_ERROR(CheckDim(dim));
   if (ValueTypeSize(value_type) == 0) {
     return InvalidArgument("value_type is not a supported value type (got enum " +
                            std::to_string(static_cast<int>(value_type)) + ")");

@@ -7,6 +7,7 @@
 
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
+#include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -71,8 +72,7 @@ class KeyedRandomAttrs {
  public:
   explicit KeyedRandomAttrs(OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
-    OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= kMaxDim,
-                absl::InvalidArgumentError(absl::StrCat("dim must be in [1, 2^24], got ", dim_)));
+    OP_REQUIRES_OK(ctx, ToTfStatus(CheckDim(dim_)));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
     std::string distribution;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("distribution", &distribution));
