@@ -186,16 +186,22 @@ __device__ bool TryDeleteTag(const DeviceTable<K>& t, uint64_t slot, uint8_t tag
   }
 }
 
+// The widest unit of a copy (16, 4 or 1 bytes) that the OR of its addresses
+// and size allows.
+__device__ __forceinline__ uint32_t CopyUnit(uintptr_t bits) {
+  return bits % 16 == 0 ? 16 : bits % 4 == 0 ? 4 : 1;
+}
+
 // dst[0, bytes) = src[0, bytes), by the whole warp, in the widest unit both
 // addresses and the size allow.
 __device__ __forceinline__ void WarpCopy(char* dst, const char* src, uint32_t bytes, int lane) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
-                         static_cast<uintptr_t>(bytes);
-  if (bits % 16 == 0) {
+  const uint32_t unit = CopyUnit(reinterpret_cast<uintptr_t>(dst) |
+                                 reinterpret_cast<uintptr_t>(src) | bytes);
+  if (unit == 16) {
     for (uint32_t i = lane; i < bytes / 16; i += kWarpSize) {
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
     }
-  } else if (bits % 4 == 0) {
+  } else if (unit == 4) {
     for (uint32_t i = lane; i < bytes / 4; i += kWarpSize) {
       reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
     }
@@ -236,8 +242,7 @@ __device__ __forceinline__ void CopyUnits(U* dst, const U* src, uint32_t units, 
 template <typename Src, typename Dst>
 __device__ void WarpCopyRows(int count, uint32_t bytes, uintptr_t address_bits, Src src, Dst dst,
                              int lane) {
-  const uintptr_t bits = address_bits | bytes;
-  const uint32_t unit = bits % 16 == 0 ? 16 : bits % 4 == 0 ? 4 : 1;
+  const uint32_t unit = CopyUnit(address_bits | bytes);
   const uint32_t units = bytes / unit;
   uint32_t group = 1;
   while (group < kWarpSize && group * kCopyBatch < units) group *= 2;
