@@ -120,6 +120,11 @@ enum class ApplyMode : int {
   kAbsentOnly = 2,   // keys absent now
 };
 
+// Whether a pass in `mode` leaves a key alone, given whether it is present.
+__device__ __forceinline__ bool PassSkips(ApplyMode mode, bool present) {
+  return present ? mode == ApplyMode::kAbsentOnly : mode == ApplyMode::kPresentOnly;
+}
+
 struct WriteArgs {
   const char* rows = nullptr;         // insert: values; accum: deltas ([n, dim])
   const uint64_t* scores = nullptr;   // insert: explicit scores (nullable)
@@ -267,9 +272,7 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
       my_key = batch.sorted_keys[my_b];
       my_hash = HashKey(my_key);
       my_slot = ThreadFind(t, my_key, my_hash);
-      const bool skipped = my_slot == kNoSlot ? a.mode == ApplyMode::kPresentOnly
-                                              : a.mode == ApplyMode::kAbsentOnly;
-      if (a.exists == nullptr && !skipped) {
+      if (a.exists == nullptr && !PassSkips(a.mode, my_slot != kNoSlot)) {
         FoldInsertRows(t, batch, a, my_slot, my_b, my_e, &my_score, &my_last);
       }
     }
@@ -281,14 +284,15 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
       const K key = __shfl_sync(kFullMask, my_key, j);
       const uint64_t hash = __shfl_sync(kFullMask, my_hash, j);
       const uint64_t slot = __shfl_sync(kFullMask, my_slot, j);
-      if (a.mode == ApplyMode::kPresentOnly && slot == kNoSlot) {
-        for (uint32_t r = b + lane; r < e; r += kWarpSize) {
-          a.key_of_row[batch.sorted_pos[r]] = static_cast<uint32_t>(u);
+      if (PassSkips(a.mode, slot != kNoSlot)) {
+        if (slot == kNoSlot) {  // kPresentOnly: mark the absent key's rows for the next pass
+          for (uint32_t r = b + lane; r < e; r += kWarpSize) {
+            a.key_of_row[batch.sorted_pos[r]] = static_cast<uint32_t>(u);
+          }
+          if (WillInsert(batch.sorted_pos, a.exists, b, e, lane)) ++counts.new_keys();
         }
-        if (WillInsert(batch.sorted_pos, a.exists, b, e, lane)) ++counts.new_keys();
         continue;
       }
-      if (a.mode == ApplyMode::kAbsentOnly && slot != kNoSlot) continue;
       if (a.exists == nullptr) {
         const uint64_t written =
             WriteInsertedKey(t, a, key, hash, slot, e - b, __shfl_sync(kFullMask, my_score, j),
