@@ -6,7 +6,7 @@
 The state of an Adam-trained embedding of `--keys` keys: the parameter and Adam's two
 slots (`m`, `v`), in each library's own layout, every variable holding the same keys.
 Ours: the parameter `de.Variable(dim=16)` and the slot state `de.DynamicEmbeddingOptimizer`
-makes for it (`tensorflow_dynemb/slots.py`: one `de.Variable` of dim 32 holding `[m | v]`
+makes for it (`tensorflow_dynemb/training/slots.py`: one `de.Variable` of dim 32 holding `[m | v]`
 per key, checkpointed without scores). TFRA keeps each slot in a variable of the
 parameter's class and table (made by its `create_slots`), so its state is three
 `tfra.dynamic_embedding.get_variable`s (a `CuckooHashTable` on CPU). Every measurement

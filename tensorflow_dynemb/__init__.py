@@ -8,12 +8,6 @@ Importing the package loads the op library and changes nothing in TensorFlow or 
 """
 
 from tensorflow_dynemb import _ops
-from tensorflow_dynemb.lookup import (
-    embedding_lookup,
-    embedding_lookup_sparse,
-    embedding_lookup_unique,
-    safe_embedding_lookup_sparse,
-)
 from tensorflow_dynemb.tables import (
     CuckooHashTable,
     HashTable,
@@ -21,22 +15,27 @@ from tensorflow_dynemb.tables import (
     HkvHashTable,
     HkvHashTableConfig,
 )
-from tensorflow_dynemb.optimizer import DynamicEmbeddingOptimizer
+from tensorflow_dynemb.variable import (
+    CuckooHashTableCreator,
+    HashTableCreator,
+    HkvHashTableCreator,
+    Variable,
+    default_partition_fn,
+    embedding_lookup,
+    embedding_lookup_sparse,
+    embedding_lookup_unique,
+    get_variable,
+    safe_embedding_lookup_sparse,
+)
+from tensorflow_dynemb.training import DynamicEmbeddingOptimizer
 from tensorflow_dynemb.policies import (
     FrequencyAdmitPolicy,
     FrequencyRestrictPolicy,
     RestrictPolicy,
     TimestampRestrictPolicy,
 )
-from tensorflow_dynemb.sharding import (
-    CuckooHashTableCreator,
-    HashTableCreator,
-    HkvHashTableCreator,
-    default_partition_fn,
-)
-from tensorflow_dynemb.variable import Variable, get_variable
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
-from tensorflow_dynemb.saved_model import export_static_saved_model
+from tensorflow_dynemb.serving import export_static_saved_model
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
 """What the export code tells tables, variables and lookups while it traces functions.
 
-A leaf module (it imports nothing of the package), so that `tables.py`, `variable.py`
-and `lookup.py` can ask it without import cycles. Two questions:
+A leaf module (it imports nothing of the package), so that tables/, variable/
+and the lookups can ask it without import cycles. Two questions:
 
 - `read_only()`: is the function being traced for serving? True while
   `tf.saved_model.save` runs (it retraces every function it exports, because its save

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_dynemb as de
-from tensorflow_dynemb import optimizer as optimizer_module
-from tensorflow_dynemb.optimizer_rules import get_rule
+from tensorflow_dynemb.training import applier as optimizer_module
+from tensorflow_dynemb.training.rules import get_rule
 
 sys.path.insert(0, os.path.dirname(__file__))
 import test_optimizer_rules as rule_cases  # noqa: E402

@@ -3,7 +3,7 @@
 Everywhere: which kernels the op library registers (a CPU-only build: none for the
 GPU, nothing of CUDA linked; a CUDA build: every table op for the GPU, with int32 /
 int64 keys and the host-memory arguments), and where a `de.Variable` puts its shard
-tables (`tensorflow_dynemb.sharding.table_devices`: string keys never on a GPU, said
+tables (`tensorflow_dynemb.variable.sharding.table_devices`: string keys never on a GPU, said
 once per variable).
 
 With a GPU TensorFlow device and a CUDA build of the op library only (skipped
@@ -23,7 +23,8 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels
 
 import tensorflow_dynemb as de
-from tensorflow_dynemb import _ops, sharding
+from tensorflow_dynemb import _ops
+from tensorflow_dynemb.variable import sharding
 from tensorflow_dynemb._ops import ops  # noqa: F401  (loads the op library)
 from _tables_util import comparable, dtype_id, exported_dict, make_keys, make_values, rng_for
 

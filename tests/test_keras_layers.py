@@ -20,6 +20,7 @@ checks both results the same way:
 from __future__ import annotations
 
 import doctest
+import importlib
 import functools
 import importlib.util
 import json
@@ -263,10 +264,10 @@ def test_float_ids_raise_with_a_hint():
         layers.Embedding(2)(tf.constant([1.0, 2.0]))
 
 
-def test_docstring_examples():
-    from tensorflow_dynemb.keras import layers as layers_module
-
-    result = doctest.testmod(layers_module, optionflags=doctest.NORMALIZE_WHITESPACE)
+@pytest.mark.parametrize("module_name", ["embedding", "reduced"])
+def test_docstring_examples(module_name):
+    module = importlib.import_module(f"tensorflow_dynemb.keras.layers.{module_name}")
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -19,7 +19,8 @@ import tensorflow as tf
 
 import tensorflow_dynemb as de
 from _tables_util import dtype_id, make_keys, norm_key, rng_for, run_python
-from tensorflow_dynemb import lookup as lookup_module
+from tensorflow_dynemb.variable import lookup as lookup_module
+from tensorflow_dynemb.variable import sparse_lookup as sparse_lookup_module
 
 COMBINERS = ["sum", "mean", "sqrtn"]
 LOOKUPS = ["embedding_lookup", "embedding_lookup_unique"]
@@ -647,6 +648,7 @@ def test_integer_variables_look_up_but_do_not_combine_or_clip():
         de.embedding_lookup_sparse(var, sp, None, combiner="sum")
 
 
-def test_docstring_examples():
-    result = doctest.testmod(lookup_module, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted >= 4 and result.failed == 0
+@pytest.mark.parametrize("module", [lookup_module, sparse_lookup_module], ids=["dense", "sparse"])
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 2 and result.failed == 0

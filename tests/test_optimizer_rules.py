@@ -1,4 +1,4 @@
-"""optimizer_rules: each rule, applied to all rows, reproduces the optimizer's own update.
+"""training.rules: each rule, applied to all rows, reproduces the optimizer's own update.
 
 The decisive check trains a dense [6, dim] variable for 5 steps with the optimizer's
 own `apply_gradients`, with gradients nonzero in every row (so dense and lazy
@@ -10,23 +10,14 @@ the rule cannot rely on the optimizer having been built.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from typing import Callable, NamedTuple
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-try:
-    from tensorflow_dynemb import optimizer_rules
-except ImportError:
-    # The package's op library is built for one TensorFlow version; this module
-    # needs none, so it can still be tested on another one.
-    _path = pathlib.Path(__file__).parents[1] / "tensorflow_dynemb" / "optimizer_rules.py"
-    _spec = importlib.util.spec_from_file_location("optimizer_rules", _path)
-    optimizer_rules = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(optimizer_rules)
+from tensorflow_dynemb.training import rules as optimizer_rules
+from tensorflow_dynemb.training.rules.base import _nadam_momentum_product
 
 get_rule = optimizer_rules.get_rule
 
@@ -293,7 +284,7 @@ def test_many_steps_nadam_product():
 
     for decay in (0.004, 0.0):
         expected = np.prod([0.9 * (1 - 0.5 * 0.96 ** (decay * i)) for i in range(1, 301)])
-        actual = optimizer_rules._nadam_momentum_product(0.9, decay, tf.constant(300.0))
+        actual = _nadam_momentum_product(0.9, decay, tf.constant(300.0))
         np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-12)
 
 

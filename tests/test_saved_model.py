@@ -20,7 +20,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import tensorflow_dynemb as de
-from tensorflow_dynemb import saved_model as de_saved_model
+from tensorflow_dynemb.serving import frozen as de_frozen
+from tensorflow_dynemb.serving.keyed_random import keyed_random_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
@@ -232,12 +233,12 @@ def exported(tmp_path_factory):
     ops_dir, static_dir = str(root / "ops"), str(root / "static")
     signatures = {"serving_default": model.serve, "serve_2d": model.serve_2d}
     tf.saved_model.save(model, ops_dir, signatures=signatures)
-    limit = de_saved_model.MAX_SHARD_BYTES
-    de_saved_model.MAX_SHARD_BYTES = SMALL_SHARD_BYTES
+    limit = de_frozen.MAX_SHARD_BYTES
+    de_frozen.MAX_SHARD_BYTES = SMALL_SHARD_BYTES
     try:
         frozen = de.export_static_saved_model(model, static_dir, signatures=signatures)
     finally:
-        de_saved_model.MAX_SHARD_BYTES = limit
+        de_frozen.MAX_SHARD_BYTES = limit
 
     inputs = str(root / "inputs.npz")
     _write_inputs(inputs)
@@ -372,10 +373,10 @@ def test_static_export_keeps_the_values_out_of_the_graph(tmp_path):
 
 
 def test_frozen_table_splits_rows_as_embedding_lookup_reads_them(monkeypatch):
-    monkeypatch.setattr(de_saved_model, "MAX_SHARD_BYTES", 3 * 8)  # 3 rows of 2 floats
+    monkeypatch.setattr(de_frozen, "MAX_SHARD_BYTES", 3 * 8)  # 3 rows of 2 floats
     keys = tf.constant([b"k%d" % i for i in range(11)])
     values = tf.reshape(tf.range(22, dtype=tf.float32), [11, 2])
-    frozen = de_saved_model.FrozenTable(keys, values, tf.constant([-1.0, -1.0]), "frozen")
+    frozen = de_frozen.FrozenTable(keys, values, tf.constant([-1.0, -1.0]), "frozen")
     assert [int(s.shape[0]) for s in frozen.shards] == [3, 3, 3, 2]
     query = tf.constant([[b"k10", b"k0"], [b"nope", b"k5"]])
     found, exists = frozen.find(query)
@@ -383,11 +384,11 @@ def test_frozen_table_splits_rows_as_embedding_lookup_reads_them(monkeypatch):
         found.numpy(), [[[20, 21], [0, 1]], [[-1, -1], [10, 11]]]
     )
     np.testing.assert_array_equal(exists.numpy(), [[True, True], [False, True]])
-    int32_keys = de_saved_model.FrozenTable(
+    int32_keys = de_frozen.FrozenTable(
         tf.constant([7, -7], tf.int32), tf.constant([1.0, 2.0]), tf.constant(0.0), "int32"
     )
     np.testing.assert_array_equal(int32_keys.find(tf.constant([-7, 3, 7]))[0], [2.0, 0.0, 1.0])
-    empty = de_saved_model.FrozenTable(
+    empty = de_frozen.FrozenTable(
         tf.constant([], tf.int64), tf.zeros([0]), tf.constant(0.5), "empty"
     )
     np.testing.assert_array_equal(empty.find(tf.constant([1, 2], tf.int64))[0], [0.5, 0.5])
@@ -408,7 +409,7 @@ def test_keyed_random_rows_in_stock_ops_match_the_op(key_dtype, distribution, a,
         expected = ops.dynemb_keyed_random(
             keys, dim=7, seed=seed, distribution=distribution, a=a, b=b, dtype=dtype
         )
-        got = tf.function(de_saved_model.keyed_random_rows, autograph=False)(
+        got = tf.function(keyed_random_rows, autograph=False)(
             keys, 7, seed, distribution, a, b, dtype
         )
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=1e-12)

@@ -1,5 +1,5 @@
 """Optimizer slots: one slot state per variable (every slot's columns side by side),
-seen through one `SlotView` per slot (tensorflow_dynemb/slots.py)."""
+seen through one `SlotView` per slot (tensorflow_dynemb/training/slots.py)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""`tensorflow_dynemb.step_ops`: the training step's unique and per-id sums give exactly
+"""`tensorflow_dynemb.variable.step_ops`: the training step's unique and per-id sums give exactly
 TF's `tf.unique` and `tf.math.unsorted_segment_sum` results, and refuse bad input."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow_dynemb import step_ops
+from tensorflow_dynemb.variable import step_ops
 from tensorflow_dynemb._ops import ops
 
 

@@ -1,4 +1,4 @@
-"""tf.train.Checkpoint streams tables into the checkpoint and back (checkpoint.py's
+"""tf.train.Checkpoint streams tables into the checkpoint and back (persistence/checkpoint.py's
 registered saver, the DynembSaveTablesToBundle and DynembRestoreTablesFromBundle ops):
 the files hold the tensors the export path writes, under the same names, whatever the
 number of files; restores read them straight into the tables, rerouted to any number of
@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 import tensorflow_dynemb as de
-from tensorflow_dynemb import checkpoint as de_checkpoint
+from tensorflow_dynemb.persistence import checkpoint as de_checkpoint
 from tensorflow_dynemb._ops import ops
 from _tables_util import run_python
 
@@ -226,7 +226,7 @@ def test_op_rejects_bad_input(tmp_path):
 
 
 def forbid_whole_tensor_restores(monkeypatch):
-    """Makes the whole-tensor restore path (RestoreV2 in checkpoint.py) fail."""
+    """Makes the whole-tensor restore path (RestoreV2 in persistence/checkpoint.py) fail."""
 
     def restore_v2(**kwargs):
         raise AssertionError(f"whole-tensor restore of {kwargs['tensor_names']}")
@@ -398,7 +398,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_dynemb as de
-from tensorflow_dynemb import checkpoint
+from tensorflow_dynemb.persistence import checkpoint
 checkpoint._MIN_ROWS_PER_FILE = 100000  # two files, where there are two cores
 v = de.Variable(tf.int64, tf.float32, dim=16, devices=["/CPU:0"] * 2, name="emb")
 keys = np.arange(1, 300001, dtype=np.int64) * 7919

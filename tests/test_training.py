@@ -32,7 +32,7 @@ import tensorflow as tf
 import tf_keras
 
 import tensorflow_dynemb as de
-from tensorflow_dynemb import trainable as trainable_module
+from tensorflow_dynemb.variable import trainable as trainable_module
 from _tables_util import graph_mode_results, scenario_result, temp_workdir
 from training_worker import (
     GRAPH_ADAM_LR,

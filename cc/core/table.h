@@ -335,7 +335,7 @@ using ChunkSink = std::function<Status(const void* keys, int64_t n, const void* 
                                        const uint64_t* scores)>;
 
 // A consistent snapshot of a table that is read in pieces (streaming
-// checkpoints: tensorflow_dynemb/checkpoint.py writes it into TF's bundle
+// checkpoints: tensorflow_dynemb/persistence/checkpoint.py writes it into TF's bundle
 // files slice by slice). It holds the table's reader locks from
 // Table::Snapshot until it is destroyed: writers wait meanwhile, readers
 // (Find) do not. Unlike ExportChunks its size is known before the first row

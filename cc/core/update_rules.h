@@ -1,11 +1,11 @@
 // Optimizer rules applied row by row inside a table (Table::ApplyRule): the
 // slot state of a trained embedding (every slot of a key side by side in one
-// row, tensorflow_dynemb/slots.py) is read, updated and written back under
+// row, tensorflow_dynemb/training/slots.py) is read, updated and written back under
 // the shard's lock in one pass, and the new parameter rows come out.
 //
 // Each rule is the formula of one family of optimizers written with the SAME
 // operations in the SAME order as the Python rule it stands for
-// (tensorflow_dynemb/optimizer_rules.py), so that, in float32 and float64,
+// (tensorflow_dynemb/training/rules/), so that, in float32 and float64,
 // the results are bit for bit those of TensorFlow's elementwise ops (IEEE
 // add, sub, mul, div and sqrt are exactly rounded; this file must not be
 // built with -ffast-math or FMA contraction, which the build never enables).

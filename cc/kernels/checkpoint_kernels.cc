@@ -1,5 +1,5 @@
 // DynembSaveTablesToBundle (cc/ops/checkpoint_ops.cc): streams tables into
-// TF checkpoint bundle files, the way tensorflow_dynemb/checkpoint.py saves
+// TF checkpoint bundle files, the way tensorflow_dynemb/persistence/checkpoint.py saves
 // tables and variables for tf.train.Checkpoint.
 //
 // Why not export + SaveV2: SaveV2 wants each tensor whole, so a save first

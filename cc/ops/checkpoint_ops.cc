@@ -1,5 +1,5 @@
 // Op registration of the streaming checkpoint writer and reader
-// (cc/kernels/checkpoint_kernels.cc; used by tensorflow_dynemb/checkpoint.py).
+// (cc/kernels/checkpoint_kernels.cc; used by tensorflow_dynemb/persistence/checkpoint.py).
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

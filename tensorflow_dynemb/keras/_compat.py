@@ -24,7 +24,7 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.checkpoint import Untracked
+from tensorflow_dynemb.persistence.checkpoint import Untracked
 
 Layer = tf.keras.layers.Layer
 

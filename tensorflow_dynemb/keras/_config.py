@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tensorflow_dynemb import policies
 from tensorflow_dynemb.keras._compat import keras_module
-from tensorflow_dynemb.sharding import HashTableCreator, HkvHashTableCreator, default_partition_fn
+from tensorflow_dynemb.variable.sharding import HashTableCreator, HkvHashTableCreator, default_partition_fn
 from tensorflow_dynemb.tables import HkvHashTableConfig
 
 __all__ = [

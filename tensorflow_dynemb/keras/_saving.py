@@ -28,7 +28,7 @@ from typing import Any, Dict
 import numpy as np
 import tensorflow as tf
 
-from tensorflow_dynemb.checkpoint import CKPT_KEYS, CKPT_SCORES, CKPT_VALUES
+from tensorflow_dynemb.persistence.checkpoint import CKPT_KEYS, CKPT_SCORES, CKPT_VALUES
 from tensorflow_dynemb.keras._compat import Layer, Untracked
 
 __all__ = [
@@ -58,7 +58,7 @@ def _arrays(variable) -> Dict[str, np.ndarray]:
     if values.dtype == tf.bfloat16:
         values = tf.cast(values, tf.float32)
     arrays = {"values": values.numpy()}
-    if CKPT_SCORES in tensors:  # slot states save no scores (slots.py)
+    if CKPT_SCORES in tensors:  # slot states save no scores (training/slots.py)
         arrays["scores"] = tensors[CKPT_SCORES].numpy()
     if variable.key_dtype == tf.string:
         arrays["key_bytes"] = np.frombuffer(b"".join(keys.tolist()), np.uint8)
@@ -136,7 +136,7 @@ class SlotTables(Layer):
         states' own names, they do not depend on the optimizer's name, which Keras makes
         unique per process.
         """
-        from tensorflow_dynemb.variable import Variable
+        from tensorflow_dynemb.variable.variable import Variable
 
         slot_store = self._state.optimizer()._slot_store
         return {name: v for name, v in vars(slot_store).items() if isinstance(v, Variable)}

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Union
 import tensorflow as tf
 
 from tensorflow_dynemb._convert import check_int
-from tensorflow_dynemb.variable import Variable
+from tensorflow_dynemb.variable.variable import Variable
 
 __all__ = ["RestrictCallback", "TableStatsCallback", "variables_of"]
 

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb._convert import TensorLike, convert, flat_rows
-from tensorflow_dynemb.checkpoint import Untracked
+from tensorflow_dynemb.persistence.checkpoint import Untracked
 
 __all__ = ["SlotStore", "SlotView"]
 

@@ -9,16 +9,18 @@ behave as in one table.
 Checkpoints hold the variable's content, not its shards: `_serialize_to_tensors`
 concatenates every shard and `_restore_from_tensors` routes the keys with the restoring
 variable's own partitioner. So a checkpoint restores into any number of shards.
+
+The class is split by concern: this module has creation, routing and the per-key
+methods; `VariableContent` (content.py) the whole content (export, files,
+checkpoints); `TrainingState` (training_state.py) the trainable views and the
+optimizer slots. `get_variable` is in get_variable.py.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 import re
 import warnings
-import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -32,31 +34,20 @@ from tensorflow_dynemb._convert import (
     convert,
     flat_rows,
 )
-from tensorflow_dynemb.checkpoint import (
-    CKPT_KEYS,
-    CKPT_SCORES,
-    CKPT_VALUES,
-    CheckpointTables,
-    Untracked,
-    in_tf1_graph,
-    register_for_tf1_saver,
-)
-from tensorflow_dynemb import _export_context, variable_files
-from tensorflow_dynemb.initializers import make_row_initializer
-from tensorflow_dynemb.trainable import TrainableRows, replica_key
-from tensorflow_dynemb.sharding import (
+from tensorflow_dynemb.persistence.checkpoint import Untracked, in_tf1_graph, register_for_tf1_saver
+from tensorflow_dynemb import _export_context
+from tensorflow_dynemb.variable.content import VariableContent
+from tensorflow_dynemb.variable.initializers import make_row_initializer
+from tensorflow_dynemb.variable.sharding import (
     HashTableCreator,
     Partitioner,
-    _is_gpu,
     default_partition_fn,
     table_devices,
 )
+from tensorflow_dynemb.variable.trainable import TrainableRows
+from tensorflow_dynemb.variable.training_state import TrainingState
 
-__all__ = ["Variable", "get_variable"]
-
-# ---------------------------------------------------------------------------------------
-# Variable
-# ---------------------------------------------------------------------------------------
+__all__ = ["Variable"]
 
 
 def _module_name(name: str) -> str:
@@ -83,7 +74,7 @@ def _check_devices(devices: Any) -> List[str]:
     return out
 
 
-class Variable(tf.Module):
+class Variable(VariableContent, TrainingState, tf.Module):
     """A dynamic embedding: keys of any value map to `[dim]` rows, sharded over devices.
 
     Missing keys read `initializer` rows and are not stored. One table (made by
@@ -134,14 +125,14 @@ class Variable(tf.Module):
             `/job:ps/task:1/CPU:0` work too. GPU devices hold int32 / int64 keyed shards
             when the op library has its GPU kernels (docs/gpu.md); string-keyed shards
             asked for on a GPU go to that machine's CPU, with a warning (see
-            `tensorflow_dynemb.sharding.table_devices`).
+            `tensorflow_dynemb.variable.sharding.table_devices`).
           partitioner: `fn(keys, num_shards) -> int32 shard ids`; default
             `de.default_partition_fn`.
           shared_name: share the shard tables by name with other variables of this
             `shared_name` in the process (default: not shared).
           name: the variable's name.
           initializer: what missing keys read: a number, a list / ndarray / Tensor of
-            shape `[dim]`, or a TF / Keras initializer (see `tensorflow_dynemb.initializers`:
+            shape `[dim]`, or a TF / Keras initializer (see `tensorflow_dynemb.variable.initializers`:
             random initializers draw one row per key from `(seed, key)`). Default 0.
           trainable: whether optimizers train it.
           checkpoint: whether checkpoints save and restore its content.
@@ -217,7 +208,7 @@ class Variable(tf.Module):
         # Trainable views by lookup name (see trainable.py); not part of checkpoints.
         self._trainables: Dict[str, TrainableRows] = {}
         # Optimizer slots of this variable: the slot state variables (they must lose
-        # the keys it loses) and the views users see (slots.py); a plain holder,
+        # the keys it loses) and the views users see (training/slots.py); a plain holder,
         # because the optimizers' checkpoints, not this one, save the slots.
         self._slots = Untracked(states=[], views=[])
         # Whether checkpoints hold the entries' scores (slot states' scores mean nothing).
@@ -270,7 +261,7 @@ class Variable(tf.Module):
 
     @property
     def initializer(self):
-        """The resolved initializer (`tensorflow_dynemb.initializers.RowInitializer`)."""
+        """The resolved initializer (`tensorflow_dynemb.variable.initializers.RowInitializer`)."""
         return self._initializer
 
     @property
@@ -385,35 +376,6 @@ class Variable(tf.Module):
         if self._initializer.per_key:
             values = self._initializer.fill(values, exists, flat)
         return values, exists
-
-    def _can_apply_rules(self) -> bool:
-        """Whether `_apply_rule` works here: unbounded shard tables on CPUs, one initial
-        row for every key. What a slot state (slots.py) is, unless its parameter's
-        shards are on GPUs (whose tables have no fused update yet)."""
-        return (
-            not self.bounded
-            and not self._initializer.per_key
-            and not any(_is_gpu(device) for device in self._devices)
-        )
-
-    def _apply_rule(self, keys: tf.Tensor, rows: tf.Tensor, grads: tf.Tensor, step) -> tf.Tensor:
-        """One optimizer step with this variable as the slot state of a parameter
-        (slots.py; see `_can_apply_rules`): per shard, `DynembTableApplyRule` updates the
-        state rows of `keys` (1-D) in place from the parameter rows `rows` and their
-        gradients `grads` (`[n, dim]`) by the `FusedStep` `step`.
-
-        Returns:
-          The new parameter rows, `[n, dim]` in the order of `keys`.
-        """
-        with tf.name_scope(f"{self._unique_name}_apply_rule"):
-            shards, positions = self._route(keys, rows, grads)
-            coefficients = tf.stack(step.coefficients)
-            initial = self._initializer.default_row
-            new_rows = [
-                table._apply_rule(k, r, g, initial, coefficients, step.rule, step.weight_decay)
-                for table, (k, r, g) in zip(self._tables, shards)
-            ]
-            return new_rows[0] if positions is None else tf.dynamic_stitch(positions, new_rows)
 
     def upsert(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
         """Inserts or overwrites `keys` with `values` (`keys.shape + [dim]`).
@@ -536,60 +498,6 @@ class Variable(tf.Module):
             return tuple(parts[0])
         return tuple(tf.concat([p[i] for p in parts], 0) for i in range(len(parts[0])))
 
-    def remove_everywhere(self, keys: TensorLike) -> List[Any]:
-        """Removes `keys` from the variable and from every optimizer slot of it (what a
-        restriction or an eviction must do). Returns the remove operations (empty
-        when executing eagerly)."""
-        keys = self._flat_keys(keys)
-        ops = [self.remove(keys)] + [state.remove(keys) for state in self._slots.states]
-        return [op for op in ops if op is not None]
-
-    def companion(
-        self,
-        suffix: str,
-        value_dtype: DTypeLike,
-        dim: int,
-        initializer: Any,
-        kv_creator: Optional[HashTableCreator] = None,
-        checkpoint_scores: bool = True,
-    ) -> "Variable":
-        """A non-trainable variable keyed and sharded like this one (same key dtype,
-        devices, partitioner and checkpointing), named `<name>/<suffix>`: what optimizer
-        slots and policy state are made of, so that a key's companion rows live on the
-        key's shard. `checkpoint_scores=False`: its checkpoints leave the scores out
-        (a restore gives the keys fresh ones)."""
-        companion = Variable(
-            key_dtype=self._key_dtype,
-            value_dtype=value_dtype,
-            dim=dim,
-            devices=self._devices,
-            partitioner=self._partition_fn,
-            name=f"{self.name}/{suffix}",
-            initializer=initializer,
-            trainable=False,
-            checkpoint=self._checkpoint,
-            kv_creator=kv_creator,
-        )
-        companion._checkpoint_scores = bool(checkpoint_scores)
-        return companion
-
-    @property
-    def slot_variables(self) -> List[Any]:
-        """The slots (`SlotView`s, e.g. Adam's `m` and `v`) every
-        `de.DynamicEmbeddingOptimizer` keeps for this variable."""
-        return list(self._slots.views)
-
-    def _register_slots(self, state: "Variable", views: Sequence[Any]) -> None:
-        """Records an optimizer's slot state of this variable and its slot views."""
-        self._slots.states.append(state)
-        self._slots.views.extend(views)
-        # Slots are training state: an export for serving that reaches their shard
-        # tables (Keras 3's `model.export` collects every table under the model, the
-        # optimizer's included) must not pull in their content. Checkpoints and
-        # `tf.saved_model.save` of an object that holds the optimizer still save them.
-        for table in state._tables:
-            table._set_owner(None)
-
     def clear(self, name: Optional[str] = None):
         """Removes every key from every shard.
 
@@ -639,24 +547,6 @@ class Variable(tf.Module):
             )
             return total
 
-    def export_with_scores(self, name: Optional[str] = None):
-        """Every entry of every shard, with its score.
-
-        Returns:
-          `(keys [n], values [n, dim], scores int64 [n])`, order unspecified.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_export"):
-            return self._concat_shards([table.export_with_scores() for table in self._tables])
-
-    def export(self, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
-        """Every entry of every shard.
-
-        Returns:
-          `(keys [n], values [n, dim])`, order unspecified.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_export"):
-            return self._concat_shards([table.export() for table in self._tables])
-
     def restrict(self, num_reserved: int, **kwargs):
         """Shrinks the variable to `num_reserved` keys as its `restrict_policy` ranks them.
 
@@ -670,294 +560,9 @@ class Variable(tf.Module):
         if self._restrict_policy is None:
             return None
         return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
-
-    # -- training ------------------------------------------------------------------------
-
-    def _trainable_rows(self, name: str) -> TrainableRows:
-        """The trainable view called `name`, created on first use. In a TF1 graph every
-        lookup gets its own view (named uniquely in the graph), as its ops do."""
-        if in_tf1_graph():
-            base, i = name, 1
-            while name in self._trainables:
-                name, i = f"{base}_{i}", i + 1
-        # Under a tf.distribute strategy, every replica has its own view.
-        replica = replica_key()
-        key = _view_key(name, replica)
-        rows = self._trainables.get(key)
-        if rows is None:
-            rows = TrainableRows(self, name, replica=replica)
-            self._trainables[key] = rows
-        return rows
-
-    def get_trainable_by_name(self, name: str):
-        """The trainable view (a `tf.Variable`) that lookups called `name` read through,
-        or None if no such lookup ran yet. Pass it to an optimizer's `var_list` or to a
-        tape. In a TF1 graph every lookup has its own view: the first one called `name`
-        is `name`, later ones `name_1`, `name_2`, ..."""
-        rows = self._trainables.get(_view_key(name, replica_key()))
-        return None if rows is None else rows.variable
-
-    def get_eager_trainable_by_name(self, name: str):
-        """The trainable view that eager lookups (and lookups in `tf.function`s) called
-        `name` read through, created if needed, so that it can be listed in `var_list`
-        before the first lookup runs (seed 004's pattern).
-
-        Raises:
-          RuntimeError: not executing eagerly.
-        """
-        if not tf.executing_eagerly():
-            raise RuntimeError(
-                "get_eager_trainable_by_name() needs eager execution; in a TF1 graph use "
-                "embedding_lookup(..., return_trainable=True) or get_trainable_by_name()."
-            )
-        return self._trainable_rows(name).variable
-
-    @property
-    def trainable_store(self) -> Dict[str, Any]:
-        """The trainable views by name (`{name: tf.Variable}`)."""
-        return {name: rows.variable for name, rows in self._trainables.items()}
-
-    def get_slot_variables(self, optimizer) -> List[Any]:
-        """The optimizer slots (`SlotView`s of this variable's dim, e.g. Adam's `m` and
-        `v`; see `tensorflow_dynemb.slots`) that the `de.DynamicEmbeddingOptimizer`
-        `optimizer` keeps for this variable; empty for any other optimizer or before the
-        first training step."""
-        applier = getattr(optimizer, "_dynemb", None)
-        if applier is None:
-            return []
-        return list(applier.slot_store.slots_of(self).values())
-
-    # -- streaming to files --------------------------------------------------------------
-
-    def _file_prefix(self, file_name: Optional[str]) -> str:
-        return file_name or self.name.replace("/", "_")
-
-    def save_to_file_system(
-        self,
-        dirpath: Union[str, os.PathLike, tf.Tensor],
-        file_name: Optional[str] = None,
-        chunk_rows: int = 65536,
-        name: Optional[str] = None,
-    ):
-        """Streams every shard to `dirpath/<file_name>-<i>-of-<n>.dynemb`.
-
-        No shard is copied whole in memory. Files of an earlier save of this variable
-        with another number of shards are removed first (when `dirpath` is a Python
-        path), so that a later load reads one consistent set.
-
-        Args:
-          dirpath: the directory (the save op creates it if needed).
-          file_name: the file prefix; default the variable's name.
-          chunk_rows: entries per chunk.
-          name: a name for the operation.
-
-        Returns:
-          The save operation (None when executing eagerly).
-        """
-        with tf.name_scope(name or f"{self._unique_name}_save_to_file"):
-            return self._group(
-                variable_files.save(self, dirpath, self._file_prefix(file_name), chunk_rows)
-            )
-
-    def load_from_file_system(
-        self,
-        dirpath: Union[str, os.PathLike, tf.Tensor],
-        file_name: Optional[str] = None,
-        chunk_rows: int = 65536,
-        clear: bool = True,
-        name: Optional[str] = None,
-    ):
-        """Streams files written by `save_to_file_system` into the variable.
-
-        The files may come from a variable with another number of shards: each shard
-        then reads every file and keeps the keys `default_partition_fn` routes to it
-        (which needs this variable to use `default_partition_fn`). With as many files
-        as shards, file `i` loads into shard `i` directly.
-
-        Args:
-          dirpath: the directory.
-          file_name: the file prefix; default the variable's name.
-          chunk_rows: entries per chunk.
-          clear: replace the content (default); if False, upsert into it.
-          name: a name for the operation.
-
-        Returns:
-          The load operation (None when executing eagerly).
-
-        Raises:
-          ValueError: no files, an incomplete or mixed set of files, or a resharding
-            load with a custom partitioner.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_load_from_file"):
-            prefix = self._file_prefix(file_name)
-            return self._group(variable_files.load(self, dirpath, prefix, chunk_rows, clear))
-
-    # -- checkpointing (public Trackable hooks) --------------------------------------------
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Checkpoints hold the content through _serialize_to_tensors, not per shard: a
-        # restore into another number of shards must find no shard tables to match.
-        # SavedModels still see the tables, whose resources their functions capture.
-        children = super()._trackable_children(save_type, **kwargs)
-        if save_type == "checkpoint":
-            children.pop("_tables", None)
-            children.pop("_trainables", None)
-        return children
-
-    def _deserialization_dependencies(self, children):
-        # A SavedModel maps the shard tables into its graph before this variable
-        # (see _export_to_saved_model_graph), and loads them first.
-        del children
-        return {f"_table_{i}": table for i, table in enumerate(self._tables)}
-
-    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
-        # The graph a SavedModel holds for TF1-style loaders (TF Serving) saves and
-        # restores this variable's content through a copy that uses the shard tables'
-        # copies in that graph (made first, see _deserialization_dependencies).
-        del tensor_map, options, kwargs
-        mapped = copy.copy(self)
-        # Set without tracking: the copy shares this variable's dependency records.
-        mapped.__dict__["_tables"] = [object_map[table] for table in self._tables]
-        object_map[self] = mapped
-        return []
-
-    def _checkpoint_tables(self):
-        """For tf.train.Checkpoint's streaming saver (checkpoint.py): the shard tables,
-        whose rows in shard order are the content `_serialize_to_tensors` exports,
-        whether their scores are saved, and whether a restore may route keys to them
-        itself (by `default_partition_fn`); None with `checkpoint=False`."""
-        if not self._checkpoint:
-            return None
-        return CheckpointTables(
-            list(self._tables),
-            with_scores=self._checkpoint_scores,
-            routes_by_default=self.shard_num == 1 or self._partition_fn is default_partition_fn,
-        )
-
-    def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
-        if not self._checkpoint:
-            return {}
-        name = f"{self._unique_name}_checkpoint_export"
-        with tf.device("/CPU:0"):
-            if not self._checkpoint_scores:
-                keys, values = self.export(name=name)
-                return {CKPT_KEYS: keys, CKPT_VALUES: values}
-            keys, values, scores = self.export_with_scores(name=name)
-        return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
-
-    def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
-        if not restored_tensors:
-            return None
-        keys = restored_tensors[CKPT_KEYS]
-        values = restored_tensors[CKPT_VALUES]
-        scores = restored_tensors.get(CKPT_SCORES)  # absent: the table scores the keys
-        message = (
-            f"The checkpoint of de.Variable {self.name!r} holds rows of another dim than "
-            f"the variable's dim {self._dim}"
-        )
-        if values.shape.rank is not None and values.shape[-1] is not None:
-            if values.shape[-1] != self._dim:
-                raise ValueError(f"{message}: checkpoint dim {values.shape[-1]}.")
-        else:
-            check = tf.debugging.assert_equal(tf.shape(values)[-1], self._dim, message=message)
-            with tf.control_dependencies([check]):
-                values = tf.identity(values)
-        if scores is None:
-            shards = [(k, v, None) for k, v in self._route(keys, values)[0]]
-        else:
-            shards, _ = self._route(keys, values, scores)
-        return self._group(
-            [
-                table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore")
-                for table, (k, v, s) in zip(self._tables, shards)
-            ]
-        )
-
     def __repr__(self) -> str:
         return (
             f"<de.Variable name={self.name!r} key_dtype={self._key_dtype.name} "
             f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>"
         )
 
-
-def _view_key(name: str, replica: Optional[int]) -> str:
-    """The key of a trainable view: its lookup name, and its replica under a strategy."""
-    return name if replica is None else f"{name}@replica{replica}"
-
-
-# ---------------------------------------------------------------------------------------
-# get_variable
-# ---------------------------------------------------------------------------------------
-
-# Variables made by `get_variable`, per graph (eager mode uses TF's global graph).
-_REGISTRY: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, Variable]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def get_variable(
-    name: str,
-    key_dtype: DTypeLike = tf.int64,
-    value_dtype: DTypeLike = tf.float32,
-    dim: int = 1,
-    devices: Optional[Sequence[str]] = None,
-    partitioner: Partitioner = default_partition_fn,
-    shared_name: Optional[str] = None,
-    initializer: Any = None,
-    trainable: bool = True,
-    checkpoint: bool = True,
-    init_size: int = 0,
-    kv_creator: Optional[HashTableCreator] = None,
-    restrict_policy: Optional[Callable[[Variable], Any]] = None,
-    bp_v2: bool = False,
-    admit_policy: Any = None,
-) -> Variable:
-    """Gets the `de.Variable` called `name` in the current variable scope, or creates it.
-
-    Follows `tf.compat.v1.get_variable`'s reuse rules: in a scope with `reuse=True` the
-    variable must exist; with `reuse=tf.compat.v1.AUTO_REUSE` (always the case when
-    executing eagerly) an existing one is returned; otherwise creating a name twice is
-    an error. The other arguments are `de.Variable`'s.
-
-    Raises:
-      ValueError: the variable exists and reuse is not allowed, or it does not exist
-        and the scope requires reuse.
-    """
-    scope = tf.compat.v1.get_variable_scope()
-    full_name = f"{scope.name}/{name}" if scope.name else name
-    graph = tf.compat.v1.get_default_graph()
-    variables = _REGISTRY.setdefault(graph, {})
-    existing = variables.get(full_name)
-    # Eager code always reuses (as tf.compat.v1.get_variable does); asked explicitly,
-    # because a scope first created while tracing a tf.function says reuse=False.
-    reuse = tf.compat.v1.AUTO_REUSE if tf.executing_eagerly() else scope.reuse
-    if existing is not None:
-        if reuse is True or reuse == tf.compat.v1.AUTO_REUSE:
-            return existing
-        raise ValueError(
-            f"de.Variable {full_name!r} already exists; use reuse=True or "
-            "reuse=tf.compat.v1.AUTO_REUSE in the variable scope to get it again."
-        )
-    if reuse is True:
-        raise ValueError(
-            f"de.Variable {full_name!r} does not exist, and the variable scope has reuse=True."
-        )
-    variable = Variable(
-        key_dtype=key_dtype,
-        value_dtype=value_dtype,
-        dim=dim,
-        devices=devices,
-        partitioner=partitioner,
-        shared_name=shared_name,
-        name=full_name,
-        initializer=initializer,
-        trainable=trainable,
-        checkpoint=checkpoint,
-        init_size=init_size,
-        kv_creator=kv_creator,
-        restrict_policy=restrict_policy,
-        bp_v2=bp_v2,
-        admit_policy=admit_policy,
-    )
-    variables[full_name] = variable
-    return variable

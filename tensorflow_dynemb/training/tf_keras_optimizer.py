@@ -14,7 +14,8 @@ import tensorflow as tf
 import tf_keras
 
 from tensorflow_dynemb.keras._saving import SlotTablesSaving
-from tensorflow_dynemb.optimizer import KerasWrapperMixin, optimizer_name
+from tensorflow_dynemb.training.applier import optimizer_name
+from tensorflow_dynemb.training.keras_wrapper import KerasWrapperMixin
 
 
 @tf_keras.saving.register_keras_serializable(package="tensorflow_dynemb")

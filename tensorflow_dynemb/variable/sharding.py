@@ -66,7 +66,7 @@ def table_devices(
 
     Example:
 
-    >>> from tensorflow_dynemb.sharding import table_devices
+    >>> from tensorflow_dynemb.variable.sharding import table_devices
     >>> table_devices(["/GPU:0", "/job:ps/task:1/GPU:0"], tf.string)[0]
     ['/CPU:0', '/job:ps/task:1/device:CPU:0']
     """

@@ -15,7 +15,7 @@ from typing import Any, List
 
 import tensorflow as tf
 
-from tensorflow_dynemb.sharding import default_partition_fn
+from tensorflow_dynemb.variable.sharding import default_partition_fn
 
 _SHARD_FILE = re.compile(r"-(\d{5})-of-(\d{5})\.dynemb$")
 

@@ -45,7 +45,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from tensorflow_dynemb import step_ops
+from tensorflow_dynemb.variable import step_ops
 
 try:  # Public API has no "is a tape recording?"; fall back to "maybe" without it.
     from tensorflow.python.eager.record import could_possibly_record as _tape_may_record

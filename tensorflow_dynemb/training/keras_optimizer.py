@@ -12,7 +12,8 @@ import keras
 import tensorflow as tf
 
 from tensorflow_dynemb.keras._saving import SlotTablesSaving
-from tensorflow_dynemb.optimizer import KerasWrapperMixin, optimizer_name
+from tensorflow_dynemb.training.applier import optimizer_name
+from tensorflow_dynemb.training.keras_wrapper import KerasWrapperMixin
 
 
 @keras.saving.register_keras_serializable(package="tensorflow_dynemb")

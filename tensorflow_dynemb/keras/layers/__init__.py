@@ -1,0 +1,10 @@
+"""Keras layers over `de.Variable`s: TFRA's `de.keras.layers`.
+
+- embedding.py: `Embedding` (alias `BasicEmbedding`), what every layer shares;
+- reduced.py: `SquashedEmbedding`, `FieldWiseEmbedding`.
+"""
+
+from tensorflow_dynemb.keras.layers.embedding import BasicEmbedding, Embedding
+from tensorflow_dynemb.keras.layers.reduced import FieldWiseEmbedding, SquashedEmbedding
+
+__all__ = ["Embedding", "BasicEmbedding", "SquashedEmbedding", "FieldWiseEmbedding"]

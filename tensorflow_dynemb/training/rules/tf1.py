@@ -1,0 +1,204 @@
+"""Rules of the `tf.compat.v1.train` optimizers (formulas of the `ResourceSparseApply*`
+kernels and of TF1 Adam's sparse path)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tensorflow_dynemb.training.rules.base import (
+    SlotSpec,
+    SparseRule,
+    _call_if_callable,
+    _cast,
+    _is_number,
+)
+from tensorflow_dynemb.training.rules.kernels import (
+    _kernel_adadelta,
+    _kernel_adam,
+    _kernel_adam_coefficients,
+    _kernel_ftrl,
+    _kernel_rmsprop,
+)
+
+
+class _TF1Rule(SparseRule):
+    """tf.compat.v1.train: hyperparameters are Python values, tensors or callables,
+    converted with `convert_to_tensor` (float32 for Python floats) and cast."""
+
+    _lr_attribute = "_learning_rate"
+
+    def _learning_rate(self, step):
+        return tf.convert_to_tensor(_call_if_callable(getattr(self.optimizer, self._lr_attribute)))
+
+    def _const(self, attribute, dtype):
+        return _cast(getattr(self.optimizer, attribute), dtype)
+
+
+class _TF1GradientDescent(_TF1Rule):
+    """GradientDescentOptimizer (sparse: scatter_add of -g * lr):  w -= g * lr."""
+
+    def _update(self, var, grad, state, values, dtype):
+        return var - grad * self._lr(values, dtype), {}
+
+
+class _TF1Momentum(_TF1Rule):
+    """MomentumOptimizer, (Resource)SparseApplyMomentum:
+        a = a * momentum + g;  w -= lr * a, or with nesterov w -= lr * g + lr * momentum * a."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, (SlotSpec("momentum", 0.0),))
+
+    def _fused(self, values, dtype):
+        lr = self._lr(values, dtype)
+        momentum = self._const("_momentum", dtype)
+        rule = "nesterov" if self.optimizer._use_nesterov else "momentum"
+        return rule, (lr, momentum, lr * momentum)
+
+    def _update(self, var, grad, state, values, dtype):
+        lr, momentum, lr_momentum = self._fused(values, dtype)[1]
+        accum = state["momentum"] * momentum + grad
+        if self.optimizer._use_nesterov:
+            var = var - (lr * grad + lr_momentum * accum)
+        else:
+            var = var - lr * accum
+        return var, {"momentum": accum}
+
+
+class _TF1Adam(_TF1Rule):
+    """AdamOptimizer: `_kernel_adam`.  TF1 keeps beta^t in float32 variables,
+    multiplied by beta after every step; here it is float32 pow(beta, t) instead.
+    The two differ by float32 round-off, which 1 - beta_2^t magnifies while
+    beta_2^t is close to 1 (about 1e-5 relative in the step size around t = 3 for
+    beta_2 = 0.999, shrinking as t grows)."""
+
+    _lr_attribute = "_lr"
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, (SlotSpec("m", 0.0), SlotSpec("v", 0.0)))
+
+    def _coefficients(self, values, dtype):
+        t = tf.cast(values["step"], tf.float32)
+        beta_1 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta1))
+        beta_2 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta2))
+        beta_1_power = tf.cast(tf.pow(beta_1, tf.cast(t, beta_1.dtype)), dtype)
+        beta_2_power = tf.cast(tf.pow(beta_2, tf.cast(t, beta_2.dtype)), dtype)
+        return _kernel_adam_coefficients(
+            self._lr(values, dtype), tf.cast(beta_1, dtype), tf.cast(beta_2, dtype),
+            beta_1_power, beta_2_power, self._const("_epsilon", dtype),
+        )
+
+    def _fused(self, values, dtype):
+        return "adam_kernel", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
+        var, m, v, _ = _kernel_adam(
+            var, grad, state["m"], state["v"], None, self._coefficients(values, dtype)
+        )
+        return var, {"m": m, "v": v}
+
+
+class _TF1Adagrad(_TF1Rule):
+    """AdagradOptimizer, (Resource)SparseApplyAdagrad:  acc += g^2;  w -= lr * g * rsqrt(acc)."""
+
+    def __init__(self, optimizer):
+        initial = float(optimizer._initial_accumulator_value)
+        super().__init__(optimizer, (SlotSpec("accumulator", initial),))
+
+    def _update(self, var, grad, state, values, dtype):
+        accumulator = state["accumulator"] + tf.square(grad)
+        var = var - self._lr(values, dtype) * grad * tf.math.rsqrt(accumulator)
+        return var, {"accumulator": accumulator}
+
+
+class _TF1Adadelta(_TF1Rule):
+    """AdadeltaOptimizer: `_kernel_adadelta`."""
+
+    _lr_attribute = "_lr"
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, (SlotSpec("accum_grad", 0.0), SlotSpec("accum_var", 0.0)))
+
+    def _update(self, var, grad, state, values, dtype):
+        var, accum_grad, accum_var = _kernel_adadelta(
+            var, grad, state["accum_grad"], state["accum_var"], self._lr(values, dtype),
+            self._const("_rho", dtype), self._const("_epsilon", dtype),
+        )
+        return var, {"accum_grad": accum_grad, "accum_var": accum_var}
+
+
+class _TF1RMSProp(_TF1Rule):
+    """RMSPropOptimizer: `_kernel_rmsprop` (always with a momentum slot; the `rms`
+    slot starts at 1.0, as TF1 initialises it with ones; `decay` is rho)."""
+
+    def __init__(self, optimizer):
+        slots = [SlotSpec("rms", 1.0), SlotSpec("momentum", 0.0)]
+        if optimizer._centered:
+            slots.append(SlotSpec("mg", 0.0))
+        super().__init__(optimizer, tuple(slots))
+
+    def _update(self, var, grad, state, values, dtype):
+        var, rms, mom, mg = _kernel_rmsprop(
+            var, grad, state["rms"], state["momentum"], state.get("mg"), self._lr(values, dtype),
+            self._const("_decay", dtype), self._const("_momentum", dtype),
+            self._const("_epsilon", dtype),
+        )
+        new_state = {"rms": rms, "momentum": mom}
+        if self.optimizer._centered:
+            new_state["mg"] = mg
+        return var, new_state
+
+
+class _TF1Ftrl(_TF1Rule):
+    """FtrlOptimizer: `_kernel_ftrl`, l2 adjusted by beta / (2 max(lr, 1e-36)) as in
+    its `_prepare`; V2 (with shrinkage) when l2_shrinkage > 0."""
+
+    def __init__(self, optimizer):
+        slots = (
+            SlotSpec("accumulator", float(optimizer._initial_accumulator_value)),
+            SlotSpec("linear", 0.0),
+        )
+        super().__init__(optimizer, slots)
+
+    def _update(self, var, grad, state, values, dtype):
+        opt = self.optimizer
+        lr = opt._learning_rate
+        if _is_number(lr):
+            # TF1 computes this in Python (double) and converts the result once.
+            adjusted_l2 = opt._l2_regularization_strength + opt._beta / (2.0 * max(lr, 1e-36))
+        else:
+            adjusted_l2 = opt._l2_regularization_strength + opt._beta / (
+                2.0 * tf.maximum(lr, 1e-36)
+            )
+        shrinkage = None
+        if opt._l2_shrinkage_regularization_strength > 0.0:
+            shrinkage = self._const("_l2_shrinkage_regularization_strength", dtype)
+        var, accum, linear = _kernel_ftrl(
+            var, grad, state["accumulator"], state["linear"], self._lr(values, dtype),
+            self._const("_l1_regularization_strength", dtype), _cast(adjusted_l2, dtype),
+            shrinkage, self._const("_learning_rate_power", dtype),
+        )
+        return var, {"accumulator": accum, "linear": linear}
+
+
+class _TF1ProximalAdagrad(_TF1Rule):
+    """ProximalAdagradOptimizer, (Resource)SparseApplyProximalAdagrad:
+        acc += g^2;  a = lr * rsqrt(acc);  p = w - g * a
+        w = sign(p) * max(|p| - a * l1, 0) / (1 + l2 * a)
+    (the kernel's l1 == 0 branch, p / (1 + l2 * a), gives the same bits: sign(p) * |p| == p).
+    """
+
+    def __init__(self, optimizer):
+        initial = float(optimizer._initial_accumulator_value)
+        super().__init__(optimizer, (SlotSpec("accumulator", initial),))
+
+    def _update(self, var, grad, state, values, dtype):
+        l1 = self._const("_l1_regularization_strength", dtype)
+        l2 = self._const("_l2_regularization_strength", dtype)
+        accumulator = state["accumulator"] + tf.square(grad)
+        learning_rate = self._lr(values, dtype) * tf.math.rsqrt(accumulator)
+        prox = var - grad * learning_rate
+        var = (
+            tf.sign(prox) * tf.maximum(tf.abs(prox) - learning_rate * l1, 0.0)
+            / (1.0 + l2 * learning_rate)
+        )
+        return var, {"accumulator": accumulator}

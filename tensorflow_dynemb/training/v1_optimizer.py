@@ -1,0 +1,104 @@
+"""The `tf.compat.v1.train` wrapper of `de.DynamicEmbeddingOptimizer` (see optimizer.py)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from tensorflow_dynemb.training.applier import SparseApplier, _in_graph, _no_clip, optimizer_name
+from tensorflow_dynemb.training.slots import SlotStore
+from tensorflow_dynemb.variable.trainable import rows_of
+
+__all__ = ["V1DynamicEmbeddingOptimizer"]
+
+
+class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
+    """A `tf.compat.v1.train` optimizer that also trains `de.Variable`s (see the module
+    docstring); made by `de.DynamicEmbeddingOptimizer`."""
+
+    _STEP = "dynamic_embedding_step"
+
+    def __init__(self, optimizer: tf.compat.v1.train.Optimizer, bp_v2: Optional[bool] = None):
+        super().__init__(use_locking=False, name=f"DynamicEmbedding{optimizer_name(optimizer)}")
+        self.inner_optimizer = optimizer
+        # TF1 optimizers track nothing by attribute: checkpoints reach the inner
+        # optimizer (its slots and beta powers) and the embedding slots only this way.
+        self._track_trackable(optimizer, name="inner_optimizer")
+        self._slot_store = SlotStore()
+        self._track_trackable(self._slot_store, name="dynamic_embedding_slots")
+        self._dynemb = SparseApplier(optimizer, bp_v2, self._slot_store, optimizer_name(optimizer))
+
+    def compute_gradients(self, loss, var_list=None, **kwargs):
+        return self.inner_optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        pairs = list(grads_and_vars)
+        shadows = [v for g, v in pairs if g is not None and rows_of(v) is not None]
+        if not shadows:  # nothing sparse: exactly the inner optimizer
+            return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
+        with tf.init_scope():  # long-lived state, also when traced in a tf.function
+            self._dynemb.create_slots(shadows)
+            step = self._step_variable(_step_anchor(shadows[0]))
+        local_step = tf.cast(step, tf.float32) + 1.0
+        dense, writes = self._dynemb.step(pairs, local_step, _no_clip)
+        with tf.control_dependencies(writes if _in_graph() else []):
+            if any(g is not None for g, _ in dense):
+                update = self.inner_optimizer.apply_gradients(
+                    dense, global_step=global_step, name=name
+                )
+            elif global_step is not None:
+                update = global_step.assign_add(1)
+            else:
+                update = tf.no_op()
+        with tf.control_dependencies([update] if _in_graph() else []):
+            advance = step.assign_add(1)
+        if tf.executing_eagerly():
+            return None
+        return tf.group(update, advance, *writes, name=name or self.get_name())
+
+    def _step_variable(self, colocate_with):
+        """The number of steps applied so far (per graph), saved with the optimizer."""
+        graph = None if tf.executing_eagerly() else colocate_with.graph
+        step = self._get_non_slot_variable(self._STEP, graph=graph)
+        if step is None:
+            self._create_non_slot_variable(
+                initial_value=tf.constant(0, tf.int64), name=self._STEP, colocate_with=colocate_with
+            )
+            step = self._get_non_slot_variable(self._STEP, graph=graph)
+        return step
+
+    def get_slot(self, var, name):
+        return self.inner_optimizer.get_slot(var, name)
+
+    def get_slot_names(self):
+        """None: the dense variables' slots belong to (and are saved with) the inner
+        optimizer, where `get_slot` finds them; embedding slots are `SlotView`s
+        (`de.Variable.get_slot_variables`)."""
+        return []
+
+    def variables(self):
+        return self.inner_optimizer.variables() + list(self._non_slot_dict.values())
+
+
+class _TableAnchor:
+    """Stands for a shard table's resource where TF's colocation expects a resource
+    variable (`colocate_with`, `is_resource_variable`)."""
+
+    _should_act_as_resource_variable = True
+
+    def __init__(self, handle: tf.Tensor):
+        self.handle = handle
+        self.graph = handle.graph
+        self.device = handle.device
+        self.name = handle.name
+
+
+def _step_anchor(view):
+    """What the wrapper's step counter is colocated with: in a TF1 graph, the first
+    shard table of the view's variable (a parameter server in a cluster, shared by all
+    workers and initialised by the chief, like TF1 Adam's beta powers); elsewhere the
+    view itself."""
+    if not _in_graph():
+        return view
+    return _TableAnchor(rows_of(view).params.tables[0].resource_handle)
