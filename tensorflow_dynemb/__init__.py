@@ -28,6 +28,12 @@ from tensorflow_dynemb.variable import (
     safe_embedding_lookup_sparse,
 )
 from tensorflow_dynemb.training import DynamicEmbeddingOptimizer
+from tensorflow_dynemb.model_mode import (
+    ModelMode,
+    enable_inference_mode,
+    enable_train_mode,
+    get_model_mode,
+)
 from tensorflow_dynemb.policies import (
     FrequencyAdmitPolicy,
     FrequencyRestrictPolicy,
@@ -66,5 +72,9 @@ __all__ = [
     "embedding_lookup_unique",
     "safe_embedding_lookup_sparse",
     "keras",
+    "ModelMode",
+    "enable_inference_mode",
+    "enable_train_mode",
+    "get_model_mode",
     "__version__",
 ]

@@ -1,15 +1,17 @@
 """What the export code tells tables, variables and lookups while it traces functions.
 
-A leaf module (it imports nothing of the package), so that tables/, variable/
-and the lookups can ask it without import cycles. Two questions:
+A near-leaf module (it imports nothing of the package but the leaf model_mode.py),
+so that tables/, variable/ and the lookups can ask it without import cycles. Two
+questions:
 
 - `read_only()`: is the function being traced for serving? True while
   `tf.saved_model.save` runs (it retraces every function it exports, because its save
-  context is part of tf.function's cache key) and while `de.export_static_saved_model`
-  traces. A serving trace must not change anything: embedding lookups of a trainable
+  context is part of tf.function's cache key), while `de.export_static_saved_model`
+  traces, and in TFRA's inference mode (`de.enable_inference_mode()`, model_mode.py).
+  A serving trace must not change anything: embedding lookups of a trainable
   `de.Variable` then read the tables directly instead of through the trainable view
-  (whose buffers every call overwrites, which concurrent calls would race on), and
-  tables created for a SavedModel do not refresh scores on lookup.
+  (whose buffers every call overwrites, which concurrent calls would race on), lookups
+  do not refresh scores, and tables created for a SavedModel never do.
 - `frozen(obj)`: the stock-op stand-in for a table or variable while
   `de.export_static_saved_model` retraces its signatures (None otherwise): its
   `lookup` then reads the stand-in instead of calling the custom ops.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from typing import Any, Dict, Optional
+
+from tensorflow_dynemb import model_mode
 
 try:  # No public API says "inside tf.saved_model.save"; without it, never read-only.
     from tensorflow.python.saved_model.save_context import in_save_context as _in_save_context
@@ -38,9 +42,10 @@ def in_saved_model_save() -> bool:
 
 
 def read_only() -> bool:
-    """Whether lookups traced now serve a SavedModel (see the module docstring)."""
+    """Whether lookups built now are read-only (see the module docstring)."""
     return (
         in_saved_model_save()
+        or model_mode.in_inference_mode()
         or getattr(_local, "stand_ins", None) is not None
         or getattr(_local, "seen", None) is not None
     )

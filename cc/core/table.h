@@ -427,10 +427,19 @@ class Table {
 
   // values[i] = row of keys[i], or the default row when absent. `defaults`
   // holds one row (default_per_key false) or n rows. `exists` (nullable)
-  // receives whether each key was found.
-  virtual Status Find(const void* keys, int64_t n, void* values, bool* exists,
-                      const void* defaults, bool default_per_key,
-                      const Runner& runner) = 0;
+  // receives whether each key was found. With `update_scores` false the call
+  // changes no score even where the options' find_updates_scores would: a
+  // read-only lookup (inference mode, serving).
+  virtual Status FindRows(const void* keys, int64_t n, void* values, bool* exists,
+                          const void* defaults, bool default_per_key, bool update_scores,
+                          const Runner& runner) = 0;
+
+  // FindRows that refreshes scores as the options say (find_updates_scores).
+  Status Find(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
+              bool default_per_key, const Runner& runner) {
+    return FindRows(keys, n, values, exists, defaults, default_per_key, /*update_scores=*/true,
+                    runner);
+  }
 
   // Upsert. `scores` (nullable) sets the score of each row explicitly. In a
   // full bounded table, a new key evicts the lowest-score entry (see

@@ -204,6 +204,10 @@ void TableOpKernel::Compute(OpKernelContext* ctx) {
 // ---------------------------------------------------------------------------
 // Table ops
 // ---------------------------------------------------------------------------
+FindOp::FindOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("update_scores", &update_scores_));
+}
+
 void FindOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                               const Runner& runner) {
   const Tensor& keys = ctx->input(1);
@@ -220,9 +224,10 @@ void FindOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
   OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &values));
   OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
   KeyBatch batch(keys);
-  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Find(
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().FindRows(
                           batch.data(), batch.size(), values->data(),
-                          static_cast<bool*>(exists->data()), defaults.data(), per_key, runner)));
+                          static_cast<bool*>(exists->data()), defaults.data(), per_key,
+                          update_scores_, runner)));
 }
 
 namespace {

@@ -75,7 +75,6 @@ class TableOpKernel : public tensorflow::OpKernel {
                           const Runner& runner) override;                            \
   }
 
-DYNEMB_TABLE_KERNEL(FindOp);
 DYNEMB_TABLE_KERNEL(InsertOp);
 DYNEMB_TABLE_KERNEL(InsertAndEvictOp);
 DYNEMB_TABLE_KERNEL(ImportOp);
@@ -87,6 +86,19 @@ DYNEMB_TABLE_KERNEL(SizeOp);
 DYNEMB_TABLE_KERNEL(StatsOp);
 
 #undef DYNEMB_TABLE_KERNEL
+
+// Looks keys up; `update_scores` false (a read-only lookup) leaves scores alone.
+class FindOp final : public TableOpKernel {
+ public:
+  explicit FindOp(tensorflow::OpKernelConstruction* ctx);
+
+ protected:
+  void ComputeWithTable(tensorflow::OpKernelContext* ctx, TableResource* resource,
+                        const Runner& runner) override;
+
+ private:
+  bool update_scores_ = true;
+};
 
 // One optimizer step on a slot-state table (Table::ApplyRule). CPU only: GPU
 // tables do not implement ApplyRule, and the Python layer does not ask them.

@@ -227,10 +227,13 @@ REGISTER_OP("DynembTableFind")
     .Output("exists: bool")
     .Attr(TypeAttr("Tkey", kKeyTypes))
     .Attr(TypeAttr("Tvalue", kValueTypes))
+    .Attr("update_scores: bool = true")
     .SetShapeFn(FindShape)
     .Doc(R"doc(
 Looks up keys of any shape. `default_value` is one row (value_shape, broadcast
-to every missing key) or keys.shape + value_shape.
+to every missing key) or keys.shape + value_shape. `update_scores` false leaves
+every score unchanged (a read-only lookup), even in a table whose lookups
+refresh LRU scores.
 )doc");
 
 REGISTER_OP("DynembTableInsert")

@@ -266,6 +266,10 @@ class _DynembTable(TableContent, tf.saved_model.experimental.TrackableResource):
     ):
         """Looks up `keys`; missing keys get the default.
 
+        In an `HkvHashTable` with an LRU strategy a lookup refreshes the found keys'
+        scores, except when it is read-only: built in inference mode
+        (`de.enable_inference_mode()`) or traced for a SavedModel.
+
         Args:
           keys: keys of any shape, of the table's key dtype.
           dynamic_default_values: values for missing keys, either one row
@@ -294,7 +298,11 @@ class _DynembTable(TableContent, tf.saved_model.experimental.TrackableResource):
             values, exists = stand_in.find(keys, defaults)
             return (values, exists) if return_exists else values
         with tf.name_scope(name or f"{self._name}_lookup"), self._placement():
-            values, exists = _ops.ops.dynemb_table_find(self.resource_handle, keys, defaults)
+            # A read-only lookup (serving, inference mode) leaves LRU scores alone.
+            values, exists = _ops.ops.dynemb_table_find(
+                self.resource_handle, keys, defaults,
+                update_scores=not _export_context.read_only(),
+            )
         return (values, exists) if return_exists else values
 
     def __getitem__(self, keys: TensorLike) -> tf.Tensor:

@@ -6,7 +6,9 @@
 - initializers.py: what missing keys read;
 - lookup.py, sparse_lookup.py: `embedding_lookup*` over a `Variable`;
 - trainable.py: the trainable views a training lookup reads through;
-- step_ops.py: the training step's id deduplication and per-id gradient sums.
+- step_ops.py: the training step's id deduplication and per-id gradient sums;
+- tf_dispatch.py: `tf.nn.embedding_lookup*` called with a `Variable` run the
+  package's lookups (TF's type-based dispatch; registered on import).
 """
 
 from tensorflow_dynemb.variable.get_variable import get_variable
@@ -22,6 +24,7 @@ from tensorflow_dynemb.variable.sparse_lookup import (
     safe_embedding_lookup_sparse,
 )
 from tensorflow_dynemb.variable.variable import Variable
+from tensorflow_dynemb.variable import tf_dispatch  # noqa: F401 (registers the dispatch)
 
 __all__ = [
     "Variable",

@@ -350,10 +350,11 @@ class CpuTable final : public Table {
   // anywhere in one is an error status, never an exception (the core's
   // callers, TF kernels among them, do not catch). None allocates through
   // TF (see Export).
-  Status Find(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
-              bool default_per_key, const Runner& runner) override {
-    return GuardMemory(
-        [&] { return FindBody(keys, n, values, exists, defaults, default_per_key, runner); });
+  Status FindRows(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
+                  bool default_per_key, bool update_scores, const Runner& runner) override {
+    return GuardMemory([&] {
+      return FindBody(keys, n, values, exists, defaults, default_per_key, update_scores, runner);
+    });
   }
   Status InsertAndEvict(const void* keys, int64_t n, const void* values, const uint64_t* scores,
                         EvictedEntries* evicted, const Runner& runner) override {
@@ -380,14 +381,14 @@ class CpuTable final : public Table {
   }
 
   Status FindBody(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
-                  bool default_per_key, const Runner& runner) {
+                  bool default_per_key, bool update_scores, const Runner& runner) {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     if (defaults == nullptr) return InvalidArgument("Find: defaults must not be null");
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
-    const bool touch = options_.find_updates_scores &&
+    const bool touch = update_scores && options_.find_updates_scores &&
                        (options_.strategy == EvictStrategy::kLru ||
                         options_.strategy == EvictStrategy::kEpochLru);
     ScoreContext ctx{options_.strategy, touch ? NextClock() : 0, CurrentEpoch(), nullptr};

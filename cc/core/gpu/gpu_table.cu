@@ -256,8 +256,8 @@ class GpuTable final : public Table {
     return c;
   }
 
-  Status Find(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
-              bool default_per_key, const Runner& runner) override {
+  Status FindRows(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
+                  bool default_per_key, bool update_scores, const Runner& runner) override {
     if (n == 0) return Status::Ok();
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     if (defaults == nullptr) return InvalidArgument("Find: defaults must not be null");
@@ -266,7 +266,7 @@ class GpuTable final : public Table {
     std::lock_guard<std::mutex> lock(mu_);
     // Asynchronous: the caller synchronizes its stream.
     return Ordered(stream, [&] {
-      const bool touch = options_.find_updates_scores &&
+      const bool touch = update_scores && options_.find_updates_scores &&
                          (options_.strategy == EvictStrategy::kLru ||
                           options_.strategy == EvictStrategy::kEpochLru);
       const ScoreRule rule{options_.strategy, touch ? NextClock() : 0, CurrentEpoch()};

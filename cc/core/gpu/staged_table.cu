@@ -125,10 +125,11 @@ class StagedTable final : public StagedGpuTable {
   TableCounters Counters() const override { return gpu_->Counters(); }
   void Clear() override { gpu_->Clear(); }
 
-  Status Find(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
-              bool default_per_key, const Runner&) override {
+  Status FindRows(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
+                  bool default_per_key, bool update_scores, const Runner&) override {
     if (n <= 0 || keys == nullptr || values == nullptr || defaults == nullptr) {
-      return gpu_->Find(keys, n, values, exists, defaults, default_per_key, runner_);  // its error
+      return gpu_->FindRows(keys, n, values, exists, defaults, default_per_key, update_scores,
+                            runner_);  // its error
     }
     const size_t rows = static_cast<size_t>(n);
     DeviceBuffer d_keys(allocator_), d_defaults(allocator_), d_values(allocator_),
@@ -138,8 +139,9 @@ class StagedTable final : public StagedGpuTable {
         d_defaults.Upload(defaults, (default_per_key ? rows : 1) * RowBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(d_values.Allocate(rows * RowBytes()));
     if (exists != nullptr) DYNEMB_RETURN_IF_ERROR(d_exists.Allocate(rows));
-    DYNEMB_RETURN_IF_ERROR(gpu_->Find(d_keys.get(), n, d_values.get(), d_exists.get<bool>(),
-                                      d_defaults.get(), default_per_key, runner_));
+    DYNEMB_RETURN_IF_ERROR(gpu_->FindRows(d_keys.get(), n, d_values.get(), d_exists.get<bool>(),
+                                          d_defaults.get(), default_per_key, update_scores,
+                                          runner_));
     DYNEMB_RETURN_IF_ERROR(Download(values, d_values.get(), rows * RowBytes(), stream_));
     DYNEMB_RETURN_IF_ERROR(Download(exists, d_exists.get(), rows, stream_));
     return Synchronize();
