@@ -12,11 +12,19 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb.variable import step_ops
+from tensorflow_dynemb.training.accumulation import GradientAccumulation
 from tensorflow_dynemb.training.rules import FusedStep, SparseRule, get_rule
 from tensorflow_dynemb.training.slots import SlotStore, SlotView, join_state, split_state
 from tensorflow_dynemb.variable.trainable import TrainableRows, rows_of
 
-__all__ = ["SparseApplier", "SparseGradient", "keras_clip", "optimizer_name", "wrapped"]
+__all__ = [
+    "SparseApplier",
+    "SparseGradient",
+    "StepNumbers",
+    "keras_clip",
+    "optimizer_name",
+    "wrapped",
+]
 
 
 class SparseGradient(NamedTuple):
@@ -30,15 +38,34 @@ class SparseGradient(NamedTuple):
     counts: tf.Tensor  # occurrences of the key in the step's lookups
 
 
+class StepNumbers(NamedTuple):
+    """Where the optimizer's step stands, as the rules need it."""
+
+    local: tf.Tensor  # the rules' 1-based step number (Keras: `iterations + 1`)
+    # Where learning-rate schedules are evaluated, when that is not `local - 1`: the
+    # raw step counter under Keras' gradient accumulation (accumulation.py).
+    schedule: Optional[tf.Tensor] = None
+    # Under gradient accumulation: whether this step applies the accumulated average.
+    update_now: Optional[tf.Tensor] = None
+
+
 class SparseApplier:
     """The de.Variable half of `apply_gradients`, shared by every wrapper class."""
 
-    def __init__(self, optimizer, bp_v2: Optional[bool], slot_store: SlotStore, name: str):
+    def __init__(
+        self,
+        optimizer,
+        bp_v2: Optional[bool],
+        slot_store: SlotStore,
+        name: str,
+        accumulation: Optional[GradientAccumulation] = None,
+    ):
         self.optimizer = optimizer
         self.rule: SparseRule = get_rule(optimizer)
         self.bp_v2 = bp_v2
         self.slot_store = slot_store
         self.name = name
+        self.accumulation = accumulation
 
     # -- slots ------------------------------------------------------------------------------
 
@@ -61,6 +88,8 @@ class SparseApplier:
             rows = rows_of(variable)
             if rows is not None:
                 self.slots_of(rows.params)
+                if self.accumulation is not None:
+                    self.accumulation.accumulator_of(rows.params)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -94,7 +123,7 @@ class SparseApplier:
         )
         return _sum_by_key(parts[0][0].params, keys, old_rows, exists, grads, None)
 
-    def apply_synced(self, sparse: List[SparseGradient], local_step: tf.Tensor) -> List[Any]:
+    def apply_synced(self, sparse: List[SparseGradient], step: StepNumbers) -> List[Any]:
         """`apply`, once per step for all replicas of a synchronous `tf.distribute`
         strategy (MirroredStrategy): in a replica context, every replica's gradients
         (one entry per key of its own lookups) are gathered in a `merge_call`, summed
@@ -104,31 +133,41 @@ class SparseApplier:
         on its own): `apply`."""
         context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
         if context is None or context.num_replicas_in_sync == 1 or not sparse:
-            return self.apply(sparse, local_step)
+            return self.apply(sparse, step)
         params = [update.params for update in sparse]
         tensors = [tuple(update)[1:] for update in sparse]
 
-        def merge(strategy, tensors, local_step):
+        def merge(strategy, tensors, step):
             merged = []
             for variable, fields in zip(params, tensors):
                 keys, old_rows, exists, grads, counts = (
                     tf.concat(strategy.experimental_local_results(f), 0) for f in fields
                 )
                 merged.append(_sum_by_key(variable, keys, old_rows, exists, grads, counts))
-            self.apply(merged, strategy.experimental_local_results(local_step)[0])
+            # The step numbers are the same in every replica.
+            first = [None if f is None else strategy.experimental_local_results(f)[0] for f in step]
+            self.apply(merged, StepNumbers(*first))
 
-        context.merge_call(merge, args=(tensors, local_step))
+        context.merge_call(merge, args=(tensors, step))
         return []
 
-    def apply(self, sparse: List[SparseGradient], local_step: tf.Tensor) -> List[Any]:
-        """Updates the rows and slots of every `SparseGradient`; returns the write ops
-        (an empty list when executing eagerly)."""
+    def apply(self, sparse: List[SparseGradient], step: StepNumbers) -> List[Any]:
+        """Updates the rows and slots of every `SparseGradient` (under gradient
+        accumulation: accumulates them, and updates every N-th step); returns the
+        write ops (an empty list when executing eagerly)."""
+        if self.accumulation is not None:
+            return self.accumulation.step(
+                sparse, step.update_now, SparseGradient, lambda drained: self._apply_now(drained, step)
+            )
+        return self._apply_now(sparse, step)
+
+    def _apply_now(self, sparse: List[SparseGradient], step: StepNumbers) -> List[Any]:
         if not sparse:
             return []
-        values = self.rule.step_values(local_step)
+        values = self.rule.step_values(step.local, step.schedule)
         writes = []
         for update in sparse:
-            writes.extend(self._apply_one(update, values, local_step))
+            writes.extend(self._apply_one(update, values, step.local))
         return [w for w in writes if w is not None]
 
     def _apply_one(self, update: SparseGradient, values, local_step) -> List[Any]:
@@ -186,7 +225,7 @@ class SparseApplier:
             return None
         return self.rule.fused(values, dtype)
 
-    def step(self, grads_and_vars, local_step: tf.Tensor, clip) -> Tuple[List[Tuple[Any, Any]], List[Any]]:
+    def step(self, grads_and_vars, step: StepNumbers, clip) -> Tuple[List[Tuple[Any, Any]], List[Any]]:
         """The shared part of `apply_gradients`: clips every gradient with `clip`
         (`list of grads -> list of grads`), applies the sparse part, and returns the
         dense `(grad, var)` pairs still to apply and the sparse write ops."""
@@ -196,7 +235,7 @@ class SparseApplier:
         clipped = clip(dense_grads + [s.grad for s in sparse])
         dense = list(zip(clipped[: len(dense)], [v for _, v in dense]))
         sparse = [s._replace(grad=g) for s, g in zip(sparse, clipped[len(dense) :])]
-        return dense, self.apply_synced(sparse, local_step)
+        return dense, self.apply_synced(sparse, step)
 
 
 def _sum_by_key(params, keys, old_rows, exists, grads, counts) -> SparseGradient:

@@ -7,7 +7,14 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, keras_clip, optimizer_name
+from tensorflow_dynemb.training.accumulation import GradientAccumulation, accumulation_steps
+from tensorflow_dynemb.training.applier import (
+    SparseApplier,
+    StepNumbers,
+    _no_clip,
+    keras_clip,
+    optimizer_name,
+)
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -28,9 +35,17 @@ class KerasWrapperMixin:
         self.inner_optimizer = inner_optimizer
         self.bp_v2 = bp_v2
         self._slot_store = SlotStore()
-        self._dynemb = SparseApplier(
-            inner_optimizer, bp_v2, self._slot_store, optimizer_name(inner_optimizer)
+        name = optimizer_name(inner_optimizer)
+        # Keras 3's gradient accumulation: the wrapper clips nothing itself then (the
+        # inner optimizer clips its dense averages, the accumulation the sparse ones).
+        steps = accumulation_steps(inner_optimizer)
+        self._clip = _no_clip if steps else keras_clip(inner_optimizer)
+        accumulation = (
+            GradientAccumulation(steps, self._slot_store, name, keras_clip(inner_optimizer))
+            if steps
+            else None
         )
+        self._dynemb = SparseApplier(inner_optimizer, bp_v2, self._slot_store, name, accumulation)
 
     @staticmethod
     def _dense_only(var_list):
@@ -40,14 +55,32 @@ class KerasWrapperMixin:
         """Applies `(grad, var)` pairs: the sparse part here, the dense part through
         `apply_dense(dense_pairs)` (the inner optimizer, which advances `iterations`)."""
         self._dynemb.create_slots([v for g, v in pairs if g is not None])
-        # The step the inner optimizer is about to apply.
-        local_step = tf.cast(self.inner_optimizer.iterations, tf.float32) + 1.0
-        dense, _ = self._dynemb.step(pairs, local_step, keras_clip(self.inner_optimizer))
+        dense, _ = self._dynemb.step(pairs, self._step_numbers(), self._clip)
         dense = [(g, v) for g, v in dense if g is not None]
         if dense:
             apply_dense(dense)
         else:
-            self.inner_optimizer.iterations.assign_add(1)
+            self._step_counter().assign_add(1)
+
+    def _step_counter(self):
+        """The inner optimizer's step counter variable. Under Keras 3's gradient
+        accumulation `iterations` is a tensor (`_iterations // N`), not the counter."""
+        if self._dynemb.accumulation is not None:
+            return self.inner_optimizer._iterations
+        return self.inner_optimizer.iterations
+
+    def _step_numbers(self) -> StepNumbers:
+        """The step the inner optimizer is about to apply, as Keras numbers it."""
+        local = tf.cast(self.inner_optimizer.iterations, tf.float32) + 1.0
+        accumulation = self._dynemb.accumulation
+        if accumulation is None:
+            return StepNumbers(local)
+        counter = self._step_counter()
+        return StepNumbers(
+            local,
+            schedule=counter,
+            update_now=tf.equal((counter + 1) % accumulation.steps, 0),
+        )
 
     @property
     def iterations(self):

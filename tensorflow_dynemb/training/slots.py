@@ -154,7 +154,8 @@ class SlotStore(tf.Module):
         super().__init__(name="dynamic_embedding_slots")
         # id(params) -> (params, state, {slot name -> SlotView}); in a plain holder,
         # because checkpoints track the states by attribute name, not through this index.
-        self._index = Untracked(by_params={})
+        # `accumulators`: id(params) -> (params, gradient accumulator), the same way.
+        self._index = Untracked(by_params={}, accumulators={})
 
     def state_of(self, params) -> Optional[Any]:
         """The slot state of `params`, or None before its slots exist."""
@@ -195,6 +196,33 @@ class SlotStore(tf.Module):
         setattr(self, self._attribute_name(params, joined), state)
         self._index.by_params[id(params)] = (params, state, views)
         return views
+
+    def accumulators(self) -> List[Tuple[Any, Any]]:
+        """`(params, gradient accumulator)` of every variable that has one, in the
+        order they were created (see accumulation.py)."""
+        return list(self._index.accumulators.values())
+
+    def accumulator_of(self, params, dtype: tf.dtypes.DType, optimizer_name: str):
+        """The gradient accumulator of `params` (accumulation.py): a companion
+        `de.Variable` of `dim + 1` columns (the summed gradient, then the summed
+        occurrence count), created on first use and saved with the optimizer as
+        `<variable name>-gradient_accumulator`."""
+        entry = self._index.accumulators.get(id(params))
+        if entry is not None and entry[0] is params:
+            return entry[1]
+        with tf.init_scope():  # long-lived, also when first reached in a tf.function
+            accumulator = params.companion(
+                f"{optimizer_name}/gradient_accumulator",
+                value_dtype=dtype,
+                dim=params.dim + 1,
+                initializer=0.0,
+                # Unbounded, like the slots: it must never lose a key's gradient.
+                kv_creator=None if params.bounded else params.kv_creator,
+                checkpoint_scores=False,
+            )
+        setattr(self, self._attribute_name(params, "gradient_accumulator"), accumulator)
+        self._index.accumulators[id(params)] = (params, accumulator)
+        return accumulator
 
     def _attribute_name(self, params, slot_names: str) -> str:
         base = re.sub(r"\W", "_", f"{params.name}-{slot_names}")

@@ -6,7 +6,13 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, _in_graph, _no_clip, optimizer_name
+from tensorflow_dynemb.training.applier import (
+    SparseApplier,
+    StepNumbers,
+    _in_graph,
+    _no_clip,
+    optimizer_name,
+)
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -41,7 +47,7 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
             self._dynemb.create_slots(shadows)
             step = self._step_variable(_step_anchor(shadows[0]))
         local_step = tf.cast(step, tf.float32) + 1.0
-        dense, writes = self._dynemb.step(pairs, local_step, _no_clip)
+        dense, writes = self._dynemb.step(pairs, StepNumbers(local_step), _no_clip)
         with tf.control_dependencies(writes if _in_graph() else []):
             if any(g is not None for g, _ in dense):
                 update = self.inner_optimizer.apply_gradients(

@@ -198,7 +198,7 @@ class SparseRule:
         names = ", ".join(slot.name for slot in self.slots)
         return f"<{type(self).__name__} for {type(self.optimizer).__name__}; slots: {names}>"
 
-    def step_values(self, local_step) -> Dict[str, tf.Tensor]:
+    def step_values(self, local_step, schedule_step=None) -> Dict[str, tf.Tensor]:
         """Tensors shared by every variable in one training step.
 
         Called once per step, before any `apply` of that step, with the 1-based
@@ -209,10 +209,13 @@ class SparseRule:
         is opaque to callers: pass it to `apply` unchanged.  Bias corrections
         are derived from ``"step"`` inside `apply`, in the variable's dtype,
         because that is where the optimizers compute them (1 - beta**t loses
-        digits differently in float32 and float64).
+        digits differently in float32 and float64).  ``schedule_step``, when
+        given, is where schedules are evaluated instead (Keras' raw step counter
+        under gradient accumulation, where ``local_step`` counts updates).
         """
         step = tf.cast(local_step, tf.float64)
-        values = {"step": step, "lr": self._learning_rate(step)}
+        schedule_at = step if schedule_step is None else tf.cast(schedule_step, tf.float64) + 1
+        values = {"step": step, "lr": self._learning_rate(schedule_at)}
         values.update(self._extra_step_values(step))
         return values
 

@@ -106,12 +106,6 @@ def _check_keras_options(optimizer):
             f"{type(optimizer).__name__}(use_ema=True) is not supported by dynamic-embedding "
             "sparse updates yet: create the optimizer without `use_ema`."
         )
-    if getattr(optimizer, "gradient_accumulation_steps", None):
-        raise ValueError(
-            f"{type(optimizer).__name__}(gradient_accumulation_steps="
-            f"{optimizer.gradient_accumulation_steps}) is not supported by dynamic-embedding "
-            "sparse updates yet: create the optimizer without `gradient_accumulation_steps`."
-        )
 
 
 def _supported_names():
