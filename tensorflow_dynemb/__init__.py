@@ -24,8 +24,10 @@ from tensorflow_dynemb.variable import (
     embedding_lookup,
     embedding_lookup_sparse,
     embedding_lookup_unique,
+    feature_keys,
     get_variable,
     safe_embedding_lookup_sparse,
+    split_feature_keys,
 )
 from tensorflow_dynemb.training import DynamicEmbeddingOptimizer
 from tensorflow_dynemb.model_mode import (
@@ -71,6 +73,8 @@ __all__ = [
     "embedding_lookup_sparse",
     "embedding_lookup_unique",
     "safe_embedding_lookup_sparse",
+    "feature_keys",
+    "split_feature_keys",
     "keras",
     "ModelMode",
     "enable_inference_mode",

@@ -7,10 +7,12 @@
 - lookup.py, sparse_lookup.py: `embedding_lookup*` over a `Variable`;
 - trainable.py: the trainable views a training lookup reads through;
 - step_ops.py: the training step's id deduplication and per-id gradient sums;
+- coalesce.py: `feature_keys` / `split_feature_keys`: several features in one table;
 - tf_dispatch.py: `tf.nn.embedding_lookup*` called with a `Variable` run the
   package's lookups (TF's type-based dispatch; registered on import).
 """
 
+from tensorflow_dynemb.variable.coalesce import feature_keys, split_feature_keys
 from tensorflow_dynemb.variable.get_variable import get_variable
 from tensorflow_dynemb.variable.lookup import embedding_lookup, embedding_lookup_unique
 from tensorflow_dynemb.variable.sharding import (
@@ -37,4 +39,6 @@ __all__ = [
     "embedding_lookup_unique",
     "embedding_lookup_sparse",
     "safe_embedding_lookup_sparse",
+    "feature_keys",
+    "split_feature_keys",
 ]
