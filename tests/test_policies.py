@@ -250,3 +250,20 @@ def test_keras_layer_admits_ids_under_fit():
     # Id 3, seen once, still reads the initializer and has no optimizer slot rows.
     np.testing.assert_allclose(layer.params.lookup(tf.constant([3], tf.int64)), [[0.5, 0.5]])
     assert all(3 not in content(slot) for slot in layer.params.slot_variables)
+
+
+def test_tfra_status_names_and_apply_update_of_ids_alone():
+    """TFRA's `freq_var` / `tstp_var` are the status, and `apply_update(ids)` records
+    the ids (its tests call it without a step)."""
+    var = de.Variable(tf.int64, tf.float32, dim=2, restrict_policy=de.FrequencyRestrictPolicy)
+    policy = var.restrict_policy
+    assert policy.freq_var is policy.status
+    policy.apply_update(tf.constant([0, 1, 2], tf.int64))
+    policy.apply_update(tf.constant([1, 2, 3], tf.int64))
+    keys, counts = policy.freq_var.export()
+    assert dict(zip(keys.numpy().tolist(), counts[:, 0].numpy().tolist())) == {0: 1, 1: 2, 2: 2, 3: 1}
+
+    timed = de.Variable(tf.int64, tf.float32, dim=2, restrict_policy=de.TimestampRestrictPolicy)
+    assert timed.restrict_policy.tstp_var is timed.restrict_policy.status
+    timed.restrict_policy.apply_update(tf.constant([5], tf.int64))
+    assert int(timed.restrict_policy.tstp_var.size()) == 1

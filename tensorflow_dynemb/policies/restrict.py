@@ -165,6 +165,11 @@ class TimestampRestrictPolicy(RestrictPolicy):
         self._use_step = bool(use_step)
         super().__init__(var)
 
+    @property
+    def tstp_var(self):
+        """TFRA's name of `status`: each key's last training time."""
+        return self._status
+
     def status_values(self, keys, old, local_step):
         if self._use_step:
             now = tf.cast(local_step, tf.int64)
@@ -178,6 +183,11 @@ class FrequencyRestrictPolicy(RestrictPolicy):
     frequent."""
 
     _STATUS_NAME = "frequency_status"
+
+    @property
+    def freq_var(self):
+        """TFRA's name of `status`: how many training steps updated each key."""
+        return self._status
 
     def status_values(self, keys, old, local_step):
         return old + 1
