@@ -44,6 +44,8 @@ from tensorflow_dynemb.policies import (
 )
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
 from tensorflow_dynemb.serving import export_static_saved_model
+# TFRA's namespaces and remaining names (de.math, de.data_flow, de.shadow_ops, de.train).
+from tensorflow_dynemb import data_flow, math
 
 __version__ = "0.1.0"
 
@@ -80,5 +82,7 @@ __all__ = [
     "enable_inference_mode",
     "enable_train_mode",
     "get_model_mode",
+    "math",
+    "data_flow",
     "__version__",
 ]
