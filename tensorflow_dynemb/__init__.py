@@ -45,7 +45,8 @@ from tensorflow_dynemb.policies import (
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
 from tensorflow_dynemb.serving import export_static_saved_model
 # TFRA's namespaces and remaining names (de.math, de.data_flow, de.shadow_ops, de.train).
-from tensorflow_dynemb import data_flow, math
+from tensorflow_dynemb import data_flow, math, shadow_ops
+from tensorflow_dynemb.shadow_ops import DEResourceVariable, trainable_wrapper_filter
 
 __version__ = "0.1.0"
 
@@ -84,5 +85,8 @@ __all__ = [
     "get_model_mode",
     "math",
     "data_flow",
+    "shadow_ops",
+    "DEResourceVariable",
+    "trainable_wrapper_filter",
     "__version__",
 ]
