@@ -181,3 +181,28 @@ def test_docstring_examples():
     for module in (sparse_ops_module, partition_module):
         failures, attempted = doctest.testmod(module)
         assert attempted > 0 and failures == 0, module.__name__
+
+
+# -- de.ragged_embedding_ops ---------------------------------------------------------------
+
+
+def test_ragged_lookups_equal_the_sparse_ones():
+    from tensorflow_dynemb import ragged_embedding_ops
+
+    params = de.Variable(tf.int64, tf.float32, dim=2, devices=["/CPU:0"] * 2)
+    params.upsert(tf.range(6, dtype=tf.int64), RNG.normal(size=(6, 2)).astype(np.float32))
+    ids = tf.ragged.constant([[1, 5, 1], [], [3]], dtype=tf.int64)
+    weights = tf.ragged.constant([[1.0, 2.0, -1.0], [], [0.5]])
+    sparse_ids, sparse_weights = ids.to_sparse(), weights.to_sparse()
+    for combiner in ("sum", "mean", "sqrtn"):
+        # TFRA's argument order here: name fourth, combiner fifth.
+        got = de.ragged_embedding_ops.embedding_lookup_sparse(params, ids, weights, "n", combiner)
+        want = de.embedding_lookup_sparse(params, sparse_ids, sparse_weights, combiner=combiner)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        got = ragged_embedding_ops.safe_embedding_lookup_sparse(params, ids, weights, combiner, 4)
+        want = de.safe_embedding_lookup_sparse(
+            params, sparse_ids, sparse_weights, combiner, default_id=4
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    failures, attempted = doctest.testmod(ragged_embedding_ops)
+    assert attempted > 0 and failures == 0
