@@ -44,6 +44,11 @@ from tensorflow_dynemb.policies import (
 )
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
 from tensorflow_dynemb.serving import export_static_saved_model
+# TFRA's namespaces and remaining names (de.math, de.data_flow, de.shadow_ops, de.train).
+from tensorflow_dynemb import data_flow, math, ragged_embedding_ops, shadow_ops, train
+from tensorflow_dynemb.shadow_ops import DEResourceVariable, trainable_wrapper_filter
+from tensorflow_dynemb.train.warm_start import WarmStartHook, warm_start
+from tensorflow_dynemb.variable.graph_keys import GraphKeys
 
 __version__ = "0.1.0"
 
@@ -80,5 +85,15 @@ __all__ = [
     "enable_inference_mode",
     "enable_train_mode",
     "get_model_mode",
+    "math",
+    "data_flow",
+    "shadow_ops",
+    "ragged_embedding_ops",
+    "train",
+    "DEResourceVariable",
+    "GraphKeys",
+    "trainable_wrapper_filter",
+    "warm_start",
+    "WarmStartHook",
     "__version__",
 ]

@@ -235,7 +235,13 @@ class SparseApplier:
         clipped = clip(dense_grads + [s.grad for s in sparse])
         dense = list(zip(clipped[: len(dense)], [v for _, v in dense]))
         sparse = [s._replace(grad=g) for s, g in zip(sparse, clipped[len(dense) :])]
-        return dense, self.apply_synced(sparse, step)
+        writes = self.apply_synced(sparse, step)
+        # Each view may act on the rows just written (`TrainableRows.after_step`).
+        with tf.control_dependencies(_ops(writes) if _in_graph() else []):
+            for parts in groups.values():
+                for rows, _ in parts:
+                    writes += rows.after_step()
+        return dense, writes
 
 
 def _sum_by_key(params, keys, old_rows, exists, grads, counts) -> SparseGradient:

@@ -17,6 +17,8 @@ Keys missing from the variable read its initializer (and are not inserted). `max
 clips each looked-up row to that L2 norm before combining, as `tf.nn` does.
 `partition_strategy` and `validate_indices` are accepted for compatibility and ignored:
 a `de.Variable` routes keys to its shards itself, and any key may be looked up.
+`params` may also be a trainable view of a variable (a `de.shadow_ops.ShadowVariable`):
+the lookup then reads the view's variable through that view, as if named like it.
 
 Every function fetches rows through `_lookup_rows`, the one place that hands out a
 trainable view of the rows: with `return_trainable=True` a function returns
@@ -36,6 +38,7 @@ import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
 from tensorflow_dynemb._convert import TensorLike, convert
+from tensorflow_dynemb.variable.trainable import rows_of as view_of
 from tensorflow_dynemb.variable.trainable import tape_may_record
 from tensorflow_dynemb.variable.variable import Variable
 
@@ -52,16 +55,33 @@ COMBINERS = ("sum", "mean", "sqrtn")
 # ---------------------------------------------------------------------------------------
 
 
+def _single(params: Any) -> Any:
+    """The one element of a list or tuple of one (TFRA accepts those), else `params`."""
+    return params[0] if isinstance(params, (list, tuple)) and len(params) == 1 else params
+
+
 def _as_variable(params: Any, arg: str) -> Variable:
-    """`params` as a `de.Variable`; a list or tuple of one variable is accepted (TFRA)."""
-    if isinstance(params, (list, tuple)) and len(params) == 1:
-        params = params[0]
+    """`params` as a `de.Variable`; a list or tuple of one variable is accepted (TFRA),
+    and so is a trainable view of one (a `de.shadow_ops.ShadowVariable`), which stands
+    for its variable: the lookup reads through that view (`_view_name`)."""
+    params = _single(params)
+    view = view_of(params)
+    if view is not None:
+        return view.params
     if not isinstance(params, Variable):
         raise TypeError(
             f"`{arg}` must be a de.Variable (or a list holding exactly one), "
             f"got {type(params).__name__}: {params!r:.200}"
         )
     return params
+
+
+def _view_name(params: Any, default: str) -> str:
+    """The name of the trainable view a lookup of `params` reads through when it may be
+    trained: the view's own when `params` is a view (so that a ShadowVariable's lookups
+    fill its buffers), else `default`."""
+    view = view_of(_single(params))
+    return default if view is None else view.name
 
 
 def _check_options(params: Variable, max_norm: Any, combiner: Optional[str] = None) -> None:
@@ -217,6 +237,7 @@ def embedding_lookup(
             [ 1.,  2.]]], dtype=float32)
     """
     del partition_strategy, validate_indices  # see Args
+    trainable_name = _view_name(params, name or "embedding_lookup")
     params = _as_variable(params, "params")
     _check_options(params, max_norm)
 
@@ -224,7 +245,6 @@ def embedding_lookup(
         rows, trainable = _lookup_rows(params, dense_ids, return_trainable, trainable_name)
         return _clip(rows, max_norm), trainable
 
-    trainable_name = name or "embedding_lookup"
     with tf.name_scope(name or "embedding_lookup"):
         result, trainable = _map_ids(params, ids, rows_of)
     return (result, trainable) if return_trainable else result
@@ -254,6 +274,7 @@ def embedding_lookup_unique(
            [2.]], dtype=float32)
     """
     del partition_strategy, validate_indices  # ignored, see embedding_lookup
+    trainable_name = _view_name(params, name or "embedding_lookup_unique")
     params = _as_variable(params, "params")
     _check_options(params, max_norm)
 
@@ -264,7 +285,6 @@ def embedding_lookup_unique(
         rows.set_shape(dense_ids.shape.concatenate([params.dim]))
         return rows, trainable
 
-    trainable_name = name or "embedding_lookup_unique"
     with tf.name_scope(name or "embedding_lookup_unique"):
         result, trainable = _map_ids(params, ids, rows_of)
     return (result, trainable) if return_trainable else result

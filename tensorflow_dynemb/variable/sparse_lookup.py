@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Tuple, Union
 import tensorflow as tf
 
 from tensorflow_dynemb._convert import TensorLike, convert
-from tensorflow_dynemb.variable.lookup import _as_variable, _check_options, _unique_rows
+from tensorflow_dynemb.variable.lookup import _as_variable, _check_options, _unique_rows, _view_name
 from tensorflow_dynemb.variable.variable import Variable
 
 __all__ = ["embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
@@ -227,9 +227,9 @@ def embedding_lookup_sparse(
            [3., 6.]], dtype=float32)
     """
     del partition_strategy  # ignored, see Args
+    trainable_name = _view_name(params, name or "embedding_lookup_sparse")
     params = _as_variable(params, "params")
     _check_options(params, max_norm, combiner)
-    trainable_name = name or "embedding_lookup_sparse"
     with tf.name_scope(name or "embedding_lookup_sparse"):
         segments = _segments(
             params, sp_ids, sp_weights, "sp_ids", "sp_weights", rows_over_all_but_last=False
@@ -299,9 +299,9 @@ def safe_embedding_lookup_sparse(
            [10.]], dtype=float32)
     """
     del partition_strategy  # ignored, see Args
+    trainable_name = _view_name(embedding_weights, name or "safe_embedding_lookup_sparse")
     params = _as_variable(embedding_weights, "embedding_weights")
     _check_options(params, max_norm, combiner)
-    trainable_name = name or "safe_embedding_lookup_sparse"
     with tf.name_scope(name or "safe_embedding_lookup_sparse"):
         if default_id is not None:
             default_id = convert(default_id, params.key_dtype, "default_id")

@@ -24,6 +24,10 @@ gradient still maps to the right keys:
 Eager lookups made while no `tf.GradientTape` records (evaluation, inference) bypass
 the buffer and read the tables directly, so they neither cost a copy nor grow it.
 
+A `de.shadow_ops.ShadowVariable` is a view whose buffers a model holds: its subclass
+of `TrainableRows` (shadow_ops) adopts them (`_create_buffers`), reads its rows buffer
+(`_read_rows`) and re-reads the rows after the optimizer step (`after_step`).
+
 Under `tf.distribute.experimental.ParameterServerStrategy` the view keeps no state
 between ops: the coordinator traces a step once and every worker runs that trace at
 the same time, so buffers (variables) would be one set that all workers write. There
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -165,6 +169,11 @@ class TrainableRows:
             self.ids = _buffer(tf.zeros([0], self.params.key_dtype), "ids", False, local)
             self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False, local)
 
+    def _read_rows(self) -> tf.Tensor:
+        """The rows buffer as the lookups wrote it. (A ShadowVariable's view overrides
+        it: that variable's `read_value()` reads the table first, as TFRA's does.)"""
+        return self.variable.read_value()
+
     @property
     def pending(self) -> bool:
         """Whether eager lookups wrote rows that no optimizer step consumed yet."""
@@ -186,7 +195,7 @@ class TrainableRows:
                 writes = [
                     self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
                     self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
-                    self.variable.assign(tf.concat([self.variable.read_value(), rows], 0)),
+                    self.variable.assign(tf.concat([self._read_rows(), rows], 0)),
                 ]
             index = index + offset
         else:
@@ -206,7 +215,7 @@ class TrainableRows:
                 # possibly before the first write of a local buffer initialised by
                 # nothing but a `local_init_op`. This gradient takes the shape of the
                 # read, which follows the writes.
-                return tf.gather(self.variable.read_value(), index)
+                return tf.gather(self._read_rows(), index)
             return self.variable.sparse_read(index)
 
     def _read_recorded(self, unique_ids, exists, rows, index) -> tf.Tensor:
@@ -307,11 +316,18 @@ class TrainableRows:
             return self._record_here().tensors()
         # Read the buffer after the forward pass wrote it (TF1 graphs order nothing else).
         with tf.control_dependencies([values, index]):
-            return self.ids.read_value(), self.variable.read_value(), self.exists.read_value()
+            return self.ids.read_value(), self._read_rows(), self.exists.read_value()
 
     def _mark_consumed(self) -> None:
         if tf.executing_eagerly():
             self._pending_eager = False
+
+    def after_step(self) -> List[Any]:
+        """Called by the optimizer once it has written this view's rows back to the
+        table; returns the ops it adds (none here: the buffer is not read again before
+        the next lookup overwrites it). A `de.shadow_ops.ShadowVariable`'s view re-reads
+        its rows, so that its value shows the trained rows, as TFRA's does."""
+        return []
 
     def __repr__(self) -> str:
         return f"<de.TrainableRows of {self.params.name!r} name={self.name!r}>"

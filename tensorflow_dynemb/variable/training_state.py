@@ -118,6 +118,13 @@ class TrainingState:
             self._trainables[key] = rows
         return rows
 
+    def _adopt_view(self, rows: TrainableRows) -> None:
+        """Makes `rows`, a view made outside `_trainable_rows` (a
+        `de.shadow_ops.ShadowVariable`'s), the view called `rows.name`: lookups of that
+        name read through it and `get_trainable_by_name` returns its variable. It
+        replaces an earlier view of that name, as TFRA's trainable store does."""
+        self._trainables[_view_key(rows.name, rows.replica)] = rows
+
     def get_trainable_by_name(self, name: str):
         """The trainable view (a `tf.Variable`) that lookups called `name` read through,
         or None if no such lookup ran yet. Pass it to an optimizer's `var_list` or to a
