@@ -552,7 +552,8 @@ def _note_tf_binding(tf_version: str) -> None:
         f"the op library is built for TensorFlow {tf_version} and loads only into that version.\n"
         "After changing TensorFlow, rebuild it (`import tensorflow_dynemb` checks, and prints the\n"
         "exact command for your install):\n"
-        "  editable install:  python setup.py build_ext --inplace   (in the source checkout)\n"
+        "  editable install:  python setup.py build_ext --inplace   (in the source checkout;\n"
+        "                       needs pybind11 in the environment)\n"
         "  regular install:   pip install --no-deps --force-reinstall --no-cache-dir \\\n"
         "                       --no-binary tensorflow-dynemb <source directory or sdist>"
     )

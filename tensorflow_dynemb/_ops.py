@@ -27,6 +27,7 @@ from __future__ import annotations
 import glob
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -92,8 +93,19 @@ def _local_path(url: str) -> str:
     return urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url
 
 
+# What `setup.py build_ext` imports, by module, with the requirement that provides it
+# (pyproject.toml's build-system requires). pip installs them only into its isolated
+# build environment, so an editable install's environment may lack them.
+_BUILD_TOOLS = (("setuptools", "setuptools>=64"), ("pybind11", "pybind11>=2.10"))
+
+
+def _missing_build_tools() -> list[str]:
+    return [req for module, req in _BUILD_TOOLS if importlib.util.find_spec(module) is None]
+
+
 def rebuild_advice(source_dir: Optional[str], direct_url: Optional[dict], python: str,
-                   version: Optional[str]) -> tuple[str, str]:
+                   version: Optional[str], missing_build_tools: tuple[str, ...] = ()
+                   ) -> tuple[str, str]:
     """What kind of install this is, and the one command that rebuilds its op library.
 
     Each kind needs its own command: an in-place build does not reach a copy in
@@ -105,6 +117,8 @@ def rebuild_advice(source_dir: Optional[str], direct_url: Optional[dict], python
       direct_url: the installed distribution's direct_url.json (``_direct_url()``), or None.
       python: the interpreter to run the command with (``sys.executable``).
       version: the installed distribution's version, or None.
+      missing_build_tools: requirements the in-place build needs that this environment
+        lacks (``_missing_build_tools()``); the command installs them first.
 
     Returns:
       (kind, command): e.g. ("a regular install (from /src)", "python -m pip install ...").
@@ -113,8 +127,12 @@ def rebuild_advice(source_dir: Optional[str], direct_url: Optional[dict], python
     if source_dir is not None:
         # `pip install -e .` (setuptools builds the library into the checkout) or a
         # checkout on sys.path: rebuilding in place is the fix, and the quickest.
+        command = f"cd {shlex.quote(source_dir)} && {py} setup.py build_ext --inplace"
+        if missing_build_tools:
+            tools = " ".join(shlex.quote(req) for req in missing_build_tools)
+            command = f"{py} -m pip install {tools} && {command}"
         return (f"a source checkout ({source_dir}: an editable install, or on sys.path)",
-                f"cd {shlex.quote(source_dir)} && {py} setup.py build_ext --inplace")
+                command)
     info = direct_url or {}
     url = info.get("url")
     if url and info.get("dir_info", {}).get("editable"):
@@ -145,7 +163,7 @@ def rebuild_advice(source_dir: Optional[str], direct_url: Optional[dict], python
 def _rebuild_advice() -> tuple[str, str]:
     src = _source_dir()
     if src is not None:
-        return rebuild_advice(src, None, sys.executable, None)
+        return rebuild_advice(src, None, sys.executable, None, tuple(_missing_build_tools()))
     return rebuild_advice(None, _direct_url(), sys.executable, _installed_version())
 
 
