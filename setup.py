@@ -541,6 +541,24 @@ def _copy_if_changed(src: str, dst: str) -> None:
     print(f"tensorflow_dynemb: copied {src} -> {dst}", flush=True)
 
 
+def _note_tf_binding(tf_version: str) -> None:
+    """Says, at install time, that the library is tied to this TensorFlow and how to rebuild.
+
+    pip shows a build's output only with -v (or when it fails), so most users never see
+    this; the guard is the import-time check in tensorflow_dynemb/_ops.py, which names
+    the command for the kind of install it finds.
+    """
+    _warn(
+        f"the op library is built for TensorFlow {tf_version} and loads only into that version.\n"
+        "After changing TensorFlow, rebuild it (`import tensorflow_dynemb` checks, and prints the\n"
+        "exact command for your install):\n"
+        "  editable install:  python setup.py build_ext --inplace   (in the source checkout;\n"
+        "                       needs pybind11 in the environment)\n"
+        "  regular install:   pip install --no-deps --force-reinstall --no-cache-dir \\\n"
+        "                       --no-binary tensorflow-dynemb <source directory or sdist>"
+    )
+
+
 class BuildExt(_build_ext):
     """build_ext with TF flags from the target env, parallel incremental compiles."""
 
@@ -665,6 +683,7 @@ class BuildExt(_build_ext):
         if ext.name == OPS_EXT:
             pkg_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
             _write_if_changed(os.path.join(pkg_dir, "_build_info.py"), self._build_info_text)
+            _note_tf_binding(info["version"])
 
     def copy_extensions_to_source(self):
         # --inplace and editable installs: replace in-source libraries only when

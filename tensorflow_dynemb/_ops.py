@@ -11,8 +11,9 @@ A C++ op library only works with the exact TensorFlow it was compiled against.
 Before loading, the version recorded at build time (``_build_info.TF_VERSION``,
 written by setup.py) is compared with the installed ``tf.__version__``; on a
 mismatch, a missing library, or a library that fails to load, one ImportError
-says which TensorFlow it was built for, which one is installed, and how to
-rebuild -- instead of a dlopen error about undefined C++ symbols.
+says which TensorFlow it was built for, which one is installed, and the command
+that rebuilds it for this kind of install (``rebuild_advice``) -- instead of a
+dlopen error about undefined C++ symbols.
 
 ``core()`` returns the pybind11 module ``tensorflow_dynemb._core`` (the hash
 table core without TensorFlow), imported on first call.
@@ -25,10 +26,17 @@ from __future__ import annotations
 
 import glob
 import importlib
+import importlib.metadata
+import importlib.util
+import json
 import os
 import re
+import shlex
+import sys
 import threading
 import types
+import urllib.parse
+import urllib.request
 from typing import Optional
 
 import tensorflow as tf
@@ -40,15 +48,14 @@ __all__ = [
     "check_tf_version",
     "op_library_path",
     "gpu_kernels_built",
+    "rebuild_advice",
 ]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIB_GLOB = "_dynemb_ops*.so"
 
-REBUILD_COMMANDS = (
-    "pip install --no-deps --force-reinstall -e .",
-    "python setup.py build_ext --inplace",
-)
+# The distribution name (pyproject.toml's [project] name), for pip and importlib.metadata.
+DIST_NAME = "tensorflow-dynemb"
 
 _lock = threading.Lock()
 _ops_module: Optional[types.ModuleType] = None
@@ -60,17 +67,115 @@ def _source_dir() -> Optional[str]:
     return root if os.path.exists(os.path.join(root, "setup.py")) else None
 
 
-def _error_message(problem: str, built_version: Optional[str], installed_version: str) -> str:
+def _direct_url() -> Optional[dict]:
+    """What pip recorded about where it installed the distribution from (PEP 610's
+    direct_url.json); None when it came from an index or is not installed."""
+    try:
+        text = importlib.metadata.distribution(DIST_NAME).read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _installed_version() -> Optional[str]:
+    try:
+        return importlib.metadata.version(DIST_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _local_path(url: str) -> str:
+    """A file:// URL as a path; other URLs as they are."""
+    parsed = urllib.parse.urlparse(url)
+    return urllib.request.url2pathname(parsed.path) if parsed.scheme == "file" else url
+
+
+# What `setup.py build_ext` imports, by module, with the requirement that provides it
+# (pyproject.toml's build-system requires). pip installs them only into its isolated
+# build environment, so an editable install's environment may lack them.
+_BUILD_TOOLS = (("setuptools", "setuptools>=64"), ("pybind11", "pybind11>=2.10"))
+
+
+def _missing_build_tools() -> list[str]:
+    return [req for module, req in _BUILD_TOOLS if importlib.util.find_spec(module) is None]
+
+
+def rebuild_advice(source_dir: Optional[str], direct_url: Optional[dict], python: str,
+                   version: Optional[str], missing_build_tools: tuple[str, ...] = ()
+                   ) -> tuple[str, str]:
+    """What kind of install this is, and the one command that rebuilds its op library.
+
+    Each kind needs its own command: an in-place build does not reach a copy in
+    site-packages, and reinstalling with `-e` would turn a regular install into an
+    editable one tied to a checkout.
+
+    Args:
+      source_dir: the checkout the package is imported from (``_source_dir()``), or None.
+      direct_url: the installed distribution's direct_url.json (``_direct_url()``), or None.
+      python: the interpreter to run the command with (``sys.executable``).
+      version: the installed distribution's version, or None.
+      missing_build_tools: requirements the in-place build needs that this environment
+        lacks (``_missing_build_tools()``); the command installs them first.
+
+    Returns:
+      (kind, command): e.g. ("a regular install (from /src)", "python -m pip install ...").
+    """
+    py = shlex.quote(python)
+    if source_dir is not None:
+        # `pip install -e .` (setuptools builds the library into the checkout) or a
+        # checkout on sys.path: rebuilding in place is the fix, and the quickest.
+        command = f"cd {shlex.quote(source_dir)} && {py} setup.py build_ext --inplace"
+        if missing_build_tools:
+            tools = " ".join(shlex.quote(req) for req in missing_build_tools)
+            command = f"{py} -m pip install {tools} && {command}"
+        return (f"a source checkout ({source_dir}: an editable install, or on sys.path)",
+                command)
+    info = direct_url or {}
+    url = info.get("url")
+    if url and info.get("dir_info", {}).get("editable"):
+        # Editable, but imported from outside the checkout (setuptools' strict
+        # editable mode links files from a build directory): reinstall it editable.
+        src = _local_path(url)
+        return (f"an editable install of {src}",
+                f"{py} -m pip install --no-deps --force-reinstall -e {shlex.quote(src)}")
+    if url and "vcs_info" in info:
+        vcs = info["vcs_info"]
+        source = f"{vcs.get('vcs', 'git')}+{url}"
+        if vcs.get("commit_id"):
+            source += f"@{vcs['commit_id']}"
+        origin = source
+    elif url:
+        source = origin = _local_path(url)  # a source directory, an sdist file or URL
+    else:
+        source = f"{DIST_NAME}=={version}" if version else DIST_NAME
+        origin = f"a package index: {source}"
+    # --no-cache-dir: pip keeps the wheel it built from an index's sdist and reinstalls
+    # that one ("Using cached ...whl"), built for the old TensorFlow; --no-binary does
+    # not stop that (pip 23.2 and 26.3), it only refuses prebuilt wheels.
+    return (f"a regular install (from {origin})",
+            f"{py} -m pip install --no-deps --force-reinstall --no-cache-dir "
+            f"--no-binary {DIST_NAME} {shlex.quote(source)}")
+
+
+def _rebuild_advice() -> tuple[str, str]:
     src = _source_dir()
-    where = f"in {src}" if src else "in the tensorflow_dynemb source directory"
+    if src is not None:
+        return rebuild_advice(src, None, sys.executable, None, tuple(_missing_build_tools()))
+    return rebuild_advice(None, _direct_url(), sys.executable, _installed_version())
+
+
+def _error_message(problem: str, built_version: Optional[str], installed_version: str) -> str:
+    kind, command = _rebuild_advice()
     return (
         f"tensorflow_dynemb cannot load its op library: {problem}\n"
         f"  built for TensorFlow: {built_version or 'unknown'}\n"
         f"  installed TensorFlow: {installed_version}\n"
-        f"Rebuild it against the installed TensorFlow, {where}:\n"
-        f"  {REBUILD_COMMANDS[0]}\n"
-        f"or, for a quick in-place rebuild:\n"
-        f"  {REBUILD_COMMANDS[1]}"
+        f"The op library only loads into the TensorFlow it was built against. This is\n"
+        f"{kind}; rebuild it against the installed TensorFlow with:\n"
+        f"  {command}"
     )
 
 
@@ -162,11 +267,10 @@ def core() -> types.ModuleType:
     try:
         return importlib.import_module("tensorflow_dynemb._core")
     except ImportError as e:
-        src = _source_dir()
+        kind, command = _rebuild_advice()
         raise ImportError(
             f"tensorflow_dynemb._core (the pybind11 module over cc/core) cannot be imported: "
-            f"{e}. Rebuild it{' in ' + src if src else ''} with "
-            f"`{REBUILD_COMMANDS[0]}` or `{REBUILD_COMMANDS[1]}`.") from None
+            f"{e}. This is {kind}; rebuild it with:\n  {command}") from None
 
 
 def __getattr__(name: str):
