@@ -180,11 +180,13 @@ class Variable(VariableContent, TrainingState, tf.Module):
         self._initializer = make_row_initializer(initializer, self._dim, self._value_dtype)
         # Graph-unique in TF1 graphs (the Saver names the variable's content by it);
         # also the prefix of the shard tables' op names.
-        self._unique_name = (
-            tf.compat.v1.get_default_graph().unique_name(_module_name(name), mark_as_used=True)
-            if in_tf1_graph()
-            else _module_name(name)
-        )
+        self._unique_name = _module_name(name)
+        if in_tf1_graph():
+            # An op of that name reserves it, as TFRA's variable does: a meta graph
+            # exports the SAVEABLE_OBJECTS collection as op names, and
+            # `import_meta_graph` fails on a name that is no op of the graph.
+            with tf.control_dependencies(None):
+                self._unique_name = tf.no_op(name=self._unique_name).name
 
         num_shards = len(self._devices)
         tables = []
