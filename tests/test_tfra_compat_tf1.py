@@ -69,3 +69,82 @@ def test_import_meta_graph_restores_a_trained_variable_and_its_slots():
     np.testing.assert_array_equal(dense_value, saved_dense)
     assert restored_size == 3
     np.testing.assert_array_equal(rows_after_step, next_rows)
+
+
+# -- 8. TF1 Adam: the optimizer's own beta powers -----------------------------------------
+
+
+def _no_graph_rewrites():
+    """A session config without grappler, whose rewrites of the dense optimizer's graph
+    (not of ours) change float32 round-off."""
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
+@pytest.mark.parametrize("with_dense", [False, True], ids=["embedding_only", "with_dense"])
+def test_tf1_adam_equals_the_dense_sparse_path_bit_for_bit(with_dense):
+    """TFRA's TestGraph: AdamOptimizer(1.0) for 10 steps on a de.Variable and on a dense
+    table read by `tf.nn.embedding_lookup` (TF1 Adam's sparse path): the same rows, to
+    the bit. TF1 Adam's bias corrections come from its float32 `beta1_power` /
+    `beta2_power` variables (multiplied by beta each step), which the sparse rule reads
+    too; with a dense variable in the step they advance in the optimizer's `_finish`,
+    without one in the wrapper."""
+    rng = np.random.RandomState(0)
+    dim, ids = 10, [1, 2, 1]
+    init = rng.rand(3, dim).astype(np.float32)
+    x_init = rng.rand(dim, 1).astype(np.float32)
+    with tf.Graph().as_default():
+        table = tf.Variable(init)
+        emb = de.get_variable("adam_emb", tf.int64, tf.float32, dim=dim, devices=["/CPU:0"] * 2)
+        fill = emb.upsert(tf.constant([0, 1, 2], tf.int64), tf.constant(init))
+        rows, trainable = de.embedding_lookup(emb, tf.constant(ids, tf.int64), return_trainable=True)
+        losses, dense_vars = [], []
+        for lookup, optimizer in (
+            (tf.nn.embedding_lookup(table, ids), tf.compat.v1.train.AdamOptimizer(1.0)),
+            (rows, de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(1.0))),
+        ):
+            x = tf.Variable(x_init, trainable=with_dense)
+            loss = tf.reduce_sum(tf.square(tf.matmul(lookup, x)))
+            var_list = [table if lookup is not rows else trainable] + ([x] if with_dense else [])
+            losses.append(optimizer.minimize(loss, var_list=var_list))
+            dense_vars.append(x)
+        read = [tf.gather(table, [0, 1, 2]), emb.lookup(tf.constant([0, 1, 2], tf.int64))]
+        with tf.compat.v1.Session(config=_no_graph_rewrites()) as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), fill])
+            for step in range(10):
+                sess.run(losses)
+                expected, actual = sess.run(read)
+                np.testing.assert_array_equal(actual, expected, err_msg=f"step {step + 1}")
+            dense_expected, dense_actual = sess.run(dense_vars)
+    np.testing.assert_array_equal(dense_actual, dense_expected)
+    assert not np.array_equal(expected, init)
+
+
+def test_tf1_adam_equals_the_dense_sparse_path_bit_for_bit_eagerly():
+    """The same as in a graph, executing eagerly, where the wrapper advances the beta
+    powers after each step of the embedding alone."""
+    rng = np.random.RandomState(1)
+    dim, ids = 4, tf.constant([1, 2, 1], tf.int64)
+    init = rng.rand(3, dim).astype(np.float32)
+    x = tf.constant(rng.rand(dim, 1).astype(np.float32))
+    table = tf.Variable(init)
+    emb = de.Variable(tf.int64, tf.float32, dim=dim, name="adam_eager")
+    emb.upsert(tf.constant([0, 1, 2], tf.int64), init)
+    dense_optimizer = tf.compat.v1.train.AdamOptimizer(1.0)
+    optimizer = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(1.0))
+    for step in range(10):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.matmul(tf.nn.embedding_lookup(table, ids), x)))
+        dense_optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+        with tf.GradientTape() as tape:
+            rows, trainable = de.embedding_lookup(emb, ids, return_trainable=True)
+            loss = tf.reduce_sum(tf.square(tf.matmul(rows, x)))
+        optimizer.apply_gradients([(tape.gradient(loss, trainable), trainable)])
+        np.testing.assert_array_equal(
+            emb.lookup(tf.constant([0, 1, 2], tf.int64)).numpy(), table.numpy(),
+            err_msg=f"step {step + 1}",
+        )
+    beta_1_power, beta_2_power = optimizer.inner_optimizer._get_beta_accumulators()
+    assert float(beta_1_power) == pytest.approx(0.9**11, rel=1e-6)
+    assert float(beta_2_power) == pytest.approx(0.999**11, rel=1e-6)

@@ -37,9 +37,12 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         shadows = [v for g, v in pairs if g is not None and rows_of(v) is not None]
         if not shadows:  # nothing sparse: exactly the inner optimizer
             return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
+        rule = self._dynemb.rule
         with tf.init_scope():  # long-lived state, also when traced in a tf.function
             self._dynemb.create_slots(shadows)
-            step = self._step_variable(_step_anchor(shadows[0]))
+            anchor = _step_anchor(shadows[0])
+            step = self._step_variable(anchor)
+            rule.create_non_slot_variables(anchor)
         local_step = tf.cast(step, tf.float32) + 1.0
         dense, writes = self._dynemb.step(pairs, local_step, _no_clip)
         with tf.control_dependencies(writes if _in_graph() else []):
@@ -47,10 +50,13 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
                 update = self.inner_optimizer.apply_gradients(
                     dense, global_step=global_step, name=name
                 )
-            elif global_step is not None:
-                update = global_step.assign_add(1)
             else:
-                update = tf.no_op()
+                # What the inner optimizer's apply_gradients would have done besides
+                # updating variables: its `_finish` (Adam's beta powers), global_step.
+                finish = rule.finish_step()
+                if global_step is not None:
+                    finish.append(global_step.assign_add(1))
+                update = tf.group(*finish)  # None when executing eagerly
         with tf.control_dependencies([update] if _in_graph() else []):
             advance = step.assign_add(1)
         if tf.executing_eagerly():

@@ -33,6 +33,15 @@ class _TF1Rule(SparseRule):
     def _const(self, attribute, dtype):
         return _cast(getattr(self.optimizer, attribute), dtype)
 
+    def create_non_slot_variables(self, colocate_with) -> None:
+        """Creates the optimizer's own per-step variables that the rule reads (none
+        but Adam's beta powers), as its `_create_slots` would."""
+
+    def finish_step(self) -> list:
+        """The optimizer's `_finish` for a step that applied no dense gradient (the
+        optimizer then does not run it): the ops advancing its per-step variables."""
+        return []
+
 
 class _TF1GradientDescent(_TF1Rule):
     """GradientDescentOptimizer (sparse: scatter_add of -g * lr):  w -= g * lr."""
@@ -65,26 +74,55 @@ class _TF1Momentum(_TF1Rule):
 
 
 class _TF1Adam(_TF1Rule):
-    """AdamOptimizer: `_kernel_adam`.  TF1 keeps beta^t in float32 variables,
-    multiplied by beta after every step; here it is float32 pow(beta, t) instead.
-    The two differ by float32 round-off, which 1 - beta_2^t magnifies while
-    beta_2^t is close to 1 (about 1e-5 relative in the step size around t = 3 for
-    beta_2 = 0.999, shrinking as t grows)."""
+    """AdamOptimizer: `_kernel_adam`, with the bias corrections of the optimizer's own
+    `beta1_power` / `beta2_power` variables.
+
+    TF1 keeps beta^t in float32 variables, multiplied by beta after every step (in
+    `_finish`); float32 pow(beta, t) rounds differently, and 1 - beta_2^t magnifies
+    that while beta_2^t is close to 1 (rows 3e-6 apart after 10 steps of lr 1.0). So
+    the rule reads those variables, shared with the dense variables as in TFRA: the
+    TF1 wrapper creates them (`create_non_slot_variables`) and advances them in a step
+    that applies no dense gradient, where the optimizer's `_finish` does not run
+    (`finish_step`). A rule used on its own, without them, computes pow(beta, t)."""
 
     _lr_attribute = "_lr"
 
     def __init__(self, optimizer):
         super().__init__(optimizer, (SlotSpec("m", 0.0), SlotSpec("v", 0.0)))
 
+    def create_non_slot_variables(self, colocate_with) -> None:
+        # What AdamOptimizer._create_slots creates (it finds them made if it runs later).
+        opt = self.optimizer
+        opt._create_non_slot_variable(opt._beta1, name="beta1_power", colocate_with=colocate_with)
+        opt._create_non_slot_variable(opt._beta2, name="beta2_power", colocate_with=colocate_with)
+
+    def finish_step(self) -> list:
+        # AdamOptimizer._finish: beta^(t+1) = beta^t * beta, in float32.
+        beta_1_power, beta_2_power = self.optimizer._get_beta_accumulators()
+        return [
+            beta_1_power.assign(beta_1_power * self._beta("_beta1")),
+            beta_2_power.assign(beta_2_power * self._beta("_beta2")),
+        ]
+
+    def _beta(self, attribute):
+        return tf.convert_to_tensor(_call_if_callable(getattr(self.optimizer, attribute)))
+
+    def _extra_step_values(self, step):
+        powers = self.optimizer._get_beta_accumulators()
+        if any(power is None for power in powers):  # a rule used on its own
+            powers = [
+                tf.pow(beta, tf.cast(step, beta.dtype))
+                for beta in (self._beta("_beta1"), self._beta("_beta2"))
+            ]
+        else:
+            powers = [tf.identity(power) for power in powers]
+        return {"beta_1_power": powers[0], "beta_2_power": powers[1]}
+
     def _coefficients(self, values, dtype):
-        t = tf.cast(values["step"], tf.float32)
-        beta_1 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta1))
-        beta_2 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta2))
-        beta_1_power = tf.cast(tf.pow(beta_1, tf.cast(t, beta_1.dtype)), dtype)
-        beta_2_power = tf.cast(tf.pow(beta_2, tf.cast(t, beta_2.dtype)), dtype)
         return _kernel_adam_coefficients(
-            self._lr(values, dtype), tf.cast(beta_1, dtype), tf.cast(beta_2, dtype),
-            beta_1_power, beta_2_power, self._const("_epsilon", dtype),
+            self._lr(values, dtype), _cast(self._beta("_beta1"), dtype),
+            _cast(self._beta("_beta2"), dtype), tf.cast(values["beta_1_power"], dtype),
+            tf.cast(values["beta_2_power"], dtype), self._const("_epsilon", dtype),
         )
 
     def _fused(self, values, dtype):
