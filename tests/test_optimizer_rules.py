@@ -150,6 +150,18 @@ TF1 = [
         "proximal-adagrad-l2",
         lambda o: o.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.02),
     ),
+    ("proximal-gradient-descent", lambda o: o.ProximalGradientDescentOptimizer(
+        0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02)),
+    (
+        "proximal-gradient-descent-l2",
+        lambda o: o.ProximalGradientDescentOptimizer(0.1, l2_regularization_strength=0.02),
+    ),
+    # AdagradDA's step is its global_step + 1 (here 3 in every step).
+    ("adagrad-da", lambda o: o.AdagradDAOptimizer(
+        0.1, tf.constant(2, tf.int64), initial_gradient_squared_accumulator_value=0.2,
+        l1_regularization_strength=0.01, l2_regularization_strength=0.02)),
+    ("adagrad-da-l2", lambda o: o.AdagradDAOptimizer(
+        0.1, tf.constant(2, tf.int64), l2_regularization_strength=0.02)),
 ]
 
 CASES = (
@@ -443,12 +455,19 @@ def test_missing_slot_rows():
         rule.apply(rows, tf.ones([2, 3]), {"m": tf.zeros([2, 3])}, rule.step_values(1.0))
 
 
+class OwnOptimizer(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer of the user's own, which no rule reproduces."""
+
+    def __init__(self):
+        super().__init__(use_locking=False, name="Own")
+
+
 def test_unsupported_optimizer():
     keras = pytest.importorskip("keras")
     with pytest.raises(TypeError, match=r"keras\.src\.optimizers\.lion\.Lion.*Supported:.*Adam"):
         get_rule(keras.optimizers.Lion())
-    with pytest.raises(TypeError, match="ProximalGradientDescentOptimizer"):
-        get_rule(tf.compat.v1.train.ProximalGradientDescentOptimizer(0.1))
+    with pytest.raises(TypeError, match="OwnOptimizer"):
+        get_rule(OwnOptimizer())
     with pytest.raises(TypeError, match="builtins.object"):
         get_rule(object())
 

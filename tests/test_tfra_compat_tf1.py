@@ -148,3 +148,94 @@ def test_tf1_adam_equals_the_dense_sparse_path_bit_for_bit_eagerly():
     beta_1_power, beta_2_power = optimizer.inner_optimizer._get_beta_accumulators()
     assert float(beta_1_power) == pytest.approx(0.9**11, rel=1e-6)
     assert float(beta_2_power) == pytest.approx(0.999**11, rel=1e-6)
+
+
+# -- 10. TF1 optimizers: the kernels' sparse formulas, to the bit ---------------------------
+
+V1 = tf.compat.v1.train
+
+# name -> optimizer(global_step), with hyperparameters that are not the defaults. Not
+# Adam: its sparse path still decays every row's m and v (not lazy), which TFRA's and our
+# updates do not (the test of Adam above looks up every row in every step).
+TF1_OPTIMIZERS = {
+    "GradientDescent": lambda gs: V1.GradientDescentOptimizer(0.1),
+    "Momentum": lambda gs: V1.MomentumOptimizer(0.1, 0.9),
+    "Adagrad": lambda gs: V1.AdagradOptimizer(0.2, initial_accumulator_value=0.2),
+    "Ftrl": lambda gs: V1.FtrlOptimizer(0.1, l1_regularization_strength=0.01,
+                                        l2_regularization_strength=0.02),
+    "ProximalAdagrad": lambda gs: V1.ProximalAdagradOptimizer(
+        0.2, l1_regularization_strength=0.01, l2_regularization_strength=0.02),
+    "ProximalGradientDescent": lambda gs: V1.ProximalGradientDescentOptimizer(
+        0.3, l1_regularization_strength=0.05, l2_regularization_strength=0.1),
+    "ProximalGradientDescent_l2": lambda gs: V1.ProximalGradientDescentOptimizer(
+        0.3, l2_regularization_strength=0.1),
+    "AdagradDA": lambda gs: V1.AdagradDAOptimizer(
+        0.5, gs, initial_gradient_squared_accumulator_value=0.2,
+        l1_regularization_strength=0.01, l2_regularization_strength=0.05),
+    "AdagradDA_l2": lambda gs: V1.AdagradDAOptimizer(0.5, gs, l2_regularization_strength=0.05),
+}
+# Those whose kernels round differently from TF ops on whole batches: GradientDescent
+# adds duplicate ids' gradients one by one (scatter_add) where the step sums them
+# first; Eigen's vectorised rsqrt / pow (Adagrad, Ftrl, ProximalAdagrad) round by an
+# element's position in a packet, which differs between a kernel's row and a batch.
+ROUND_OFF_ONLY = {"GradientDescent", "Adagrad", "Ftrl", "ProximalAdagrad"}
+
+# Batches of row indices: duplicates (summed) and rows left out of some steps.
+_STEP_ROWS = [[0, 1, 0, 2], [1, 3, 3, 1], [2, 0, 4, 4], [3, 1, 0, 2], [4, 4, 2, 1]] * 2
+
+
+def _train_dense_and_embedding(make_optimizer, dim):
+    """10 steps of the optimizer on a dense [5, dim] table read by `tf.nn.embedding_lookup`
+    (its sparse kernel, as in TFRA's tests) and on a de.Variable holding the same rows,
+    each with its own global step (advanced by `minimize`). Returns the rows of both
+    after every step."""
+    rng = np.random.RandomState(dim)
+    init = rng.uniform(-1, 1, (5, dim)).astype(np.float32)
+    weights = rng.uniform(-1, 1, (4, dim)).astype(np.float32)
+    with tf.Graph().as_default():
+        keys = tf.constant([10, -3, 2**40, 7, 0], tf.int64)
+        rows_ph = tf.compat.v1.placeholder(tf.int32, [4])
+        table = tf.Variable(init)
+        emb = de.get_variable("emb", tf.int64, tf.float32, dim=dim, devices=["/CPU:0"] * 2)
+        fill = emb.upsert(keys, init)
+        train_ops = []
+        for dense in (True, False):
+            global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
+            optimizer = make_optimizer(global_step)
+            if dense:
+                lookup, var = tf.nn.embedding_lookup(table, rows_ph), table
+            else:
+                optimizer = de.DynamicEmbeddingOptimizer(optimizer)
+                lookup, var = de.embedding_lookup(
+                    emb, tf.gather(keys, rows_ph), return_trainable=True
+                )
+            loss = tf.reduce_sum(tf.square(lookup * weights - 0.5))
+            train_ops.append(optimizer.minimize(loss, global_step=global_step, var_list=[var]))
+        read = [table.read_value(), emb.lookup(keys)]
+        expected, actual = [], []
+        with tf.compat.v1.Session(config=_no_graph_rewrites()) as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), fill])
+            for rows in _STEP_ROWS:
+                sess.run(train_ops, {rows_ph: rows})
+                dense_rows, embedding_rows = sess.run(read)
+                expected.append(dense_rows)
+                actual.append(embedding_rows)
+    return np.array(expected), np.array(actual), init
+
+
+@pytest.mark.parametrize("dim", [1, 3])
+@pytest.mark.parametrize("name", list(TF1_OPTIMIZERS))
+def test_tf1_optimizer_equals_its_sparse_kernel(name, dim):
+    """Each TF1 optimizer's rule computes what its ResourceSparseApply* kernel computes
+    for the same rows, with TFRA's test setup (a dense table read by embedding_lookup
+    beside a de.Variable): to the bit (for dim 1 some kernels take another path, in
+    double, which the rules reproduce too), or, for ROUND_OFF_ONLY, within float32
+    round-off (TFRA's tolerance)."""
+    expected, actual, init = _train_dense_and_embedding(TF1_OPTIMIZERS[name], dim)
+    for step, (e, a) in enumerate(zip(expected, actual), start=1):
+        message = f"{name}, dim {dim}, step {step}"
+        if name in ROUND_OFF_ONLY:
+            np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6, err_msg=message)
+        else:
+            np.testing.assert_array_equal(a, e, err_msg=message)
+    assert not np.allclose(expected[-1], init, atol=1e-3)

@@ -32,11 +32,13 @@ from tensorflow_dynemb.training.rules.legacy import (
 from tensorflow_dynemb.training.rules.tf1 import (
     _TF1Adadelta,
     _TF1Adagrad,
+    _TF1AdagradDA,
     _TF1Adam,
     _TF1Ftrl,
     _TF1GradientDescent,
     _TF1Momentum,
     _TF1ProximalAdagrad,
+    _TF1ProximalGradientDescent,
     _TF1RMSProp,
 )
 
@@ -74,6 +76,8 @@ _TF1_RULES = (
     ("RMSPropOptimizer", _TF1RMSProp),
     ("FtrlOptimizer", _TF1Ftrl),
     ("ProximalAdagradOptimizer", _TF1ProximalAdagrad),
+    ("ProximalGradientDescentOptimizer", _TF1ProximalGradientDescent),
+    ("AdagradDAOptimizer", _TF1AdagradDA),
 )
 
 

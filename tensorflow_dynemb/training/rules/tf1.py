@@ -149,19 +149,19 @@ class _TF1Adagrad(_TF1Rule):
 
 
 class _TF1Adadelta(_TF1Rule):
-    """AdadeltaOptimizer: `_kernel_adadelta`."""
+    """AdadeltaOptimizer: `_kernel_adadelta` (slots named as TF1's: `accum`, `accum_update`)."""
 
     _lr_attribute = "_lr"
 
     def __init__(self, optimizer):
-        super().__init__(optimizer, (SlotSpec("accum_grad", 0.0), SlotSpec("accum_var", 0.0)))
+        super().__init__(optimizer, (SlotSpec("accum", 0.0), SlotSpec("accum_update", 0.0)))
 
     def _update(self, var, grad, state, values, dtype):
-        var, accum_grad, accum_var = _kernel_adadelta(
-            var, grad, state["accum_grad"], state["accum_var"], self._lr(values, dtype),
+        var, accum, accum_update = _kernel_adadelta(
+            var, grad, state["accum"], state["accum_update"], self._lr(values, dtype),
             self._const("_rho", dtype), self._const("_epsilon", dtype),
         )
-        return var, {"accum_grad": accum_grad, "accum_var": accum_var}
+        return var, {"accum": accum, "accum_update": accum_update}
 
 
 class _TF1RMSProp(_TF1Rule):
@@ -188,11 +188,12 @@ class _TF1RMSProp(_TF1Rule):
 
 class _TF1Ftrl(_TF1Rule):
     """FtrlOptimizer: `_kernel_ftrl`, l2 adjusted by beta / (2 max(lr, 1e-36)) as in
-    its `_prepare`; V2 (with shrinkage) when l2_shrinkage > 0."""
+    its `_prepare`; V2 (with shrinkage) when l2_shrinkage > 0. Slots named as TF1's:
+    `accum`, `linear`."""
 
     def __init__(self, optimizer):
         slots = (
-            SlotSpec("accumulator", float(optimizer._initial_accumulator_value)),
+            SlotSpec("accum", float(optimizer._initial_accumulator_value)),
             SlotSpec("linear", 0.0),
         )
         super().__init__(optimizer, slots)
@@ -211,11 +212,11 @@ class _TF1Ftrl(_TF1Rule):
         if opt._l2_shrinkage_regularization_strength > 0.0:
             shrinkage = self._const("_l2_shrinkage_regularization_strength", dtype)
         var, accum, linear = _kernel_ftrl(
-            var, grad, state["accumulator"], state["linear"], self._lr(values, dtype),
+            var, grad, state["accum"], state["linear"], self._lr(values, dtype),
             self._const("_l1_regularization_strength", dtype), _cast(adjusted_l2, dtype),
             shrinkage, self._const("_learning_rate_power", dtype),
         )
-        return var, {"accumulator": accum, "linear": linear}
+        return var, {"accum": accum, "linear": linear}
 
 
 class _TF1ProximalAdagrad(_TF1Rule):
@@ -240,3 +241,81 @@ class _TF1ProximalAdagrad(_TF1Rule):
             / (1.0 + l2 * learning_rate)
         )
         return var, {"accumulator": accumulator}
+
+
+class _TF1ProximalGradientDescent(_TF1Rule):
+    """ProximalGradientDescentOptimizer, (Resource)SparseApplyProximalGradientDescent:
+        p = w - g * lr
+        w = sign(p) * max(|p| - lr * l1, 0) / (1 + l2 * lr)   (l1 > 0)
+        w = p / (1 + l2 * lr)                                  (l1 == 0)
+    The kernel computes rows of one element (dim 1) on another path, which divides in
+    double by 1.0 + l2 * lr (a double): so does the rule for dim 1.
+    """
+
+    def _update(self, var, grad, state, values, dtype):
+        lr = self._lr(values, dtype)
+        l1 = self._const("_l1_regularization_strength", dtype)
+        l2 = self._const("_l2_regularization_strength", dtype)
+        prox = var - grad * lr
+        shrunk = tf.where(l1 > 0, tf.sign(prox) * tf.maximum(tf.abs(prox) - lr * l1, 0.0), prox)
+        if var.shape[-1] == 1:
+            denominator = 1.0 + tf.cast(l2 * lr, tf.float64)
+            return tf.cast(tf.cast(shrunk, tf.float64) / denominator, dtype), {}
+        return shrunk / (1.0 + l2 * lr), {}
+
+
+class _TF1AdagradDA(_TF1Rule):
+    """AdagradDAOptimizer, (Resource)SparseApplyAdagradDA, with T = the optimizer's
+    `global_step` + 1 (read before this step advances it, as its `_prepare` does):
+        ga += g;  da += g^2
+        w = -sign(ga) * max(|ga| / T - l1, 0) / (l2 + sqrt(da) / (T * lr))   (l1 > 0)
+        w = -(ga / T) / (l2 + sqrt(da) / (T * lr))                          (l1 == 0)
+    For rows of one element (dim 1) the kernel takes another path, in double, with
+    the same value arranged differently: w = -ga * lr / (T * l2 * lr + sqrt(da)) (and
+    sign(-ga) * lr * max(|ga| - T * l1, 0) / (...) for l1 > 0); so does the rule.
+    """
+
+    def __init__(self, optimizer):
+        initial = float(optimizer._initial_gradient_squared_accumulator_value)
+        slots = (
+            SlotSpec("gradient_accumulator", 0.0),
+            SlotSpec("gradient_squared_accumulator", initial),
+        )
+        super().__init__(optimizer, slots)
+
+    def _extra_step_values(self, step):
+        global_step = tf.cast(tf.identity(self.optimizer._global_step), tf.int64)
+        return {"global_step": global_step + 1}
+
+    def _update(self, var, grad, state, values, dtype):
+        lr = self._lr(values, dtype)
+        l1 = self._const("_l1_regularization_strength", dtype)
+        l2 = self._const("_l2_regularization_strength", dtype)
+        ga, da = state["gradient_accumulator"], state["gradient_squared_accumulator"]
+        if var.shape[-1] == 1:
+            var, ga, da = self._one_column(ga, da, grad, lr, l1, l2, values["global_step"], dtype)
+        else:
+            ga = ga + grad
+            da = da + tf.square(grad)
+            steps = tf.cast(values["global_step"], dtype)
+            denominator = l2 + tf.sqrt(da) / (steps * lr)
+            numerator = tf.where(
+                l1 > 0, -tf.sign(ga) * tf.maximum(tf.abs(ga) / steps - l1, 0.0), -(ga / steps)
+            )
+            var = numerator / denominator
+        return var, {"gradient_accumulator": ga, "gradient_squared_accumulator": da}
+
+    @staticmethod
+    def _one_column(ga, da, grad, lr, l1, l2, global_step, dtype):
+        """The kernel's path for dim 1: doubles, rounded to `dtype` where it stores."""
+        f64 = tf.float64
+        g = tf.cast(grad, f64)
+        ga = tf.cast(tf.cast(ga, f64) + g, dtype)
+        da = tf.cast(tf.cast(da, f64) + g * g, dtype)
+        lr, l1, l2, steps = (tf.cast(x, f64) for x in (lr, l1, l2, global_step))
+        denominator = steps * l2 * lr + tf.cast(tf.sqrt(da), f64)
+        with_l1 = (
+            tf.cast(tf.sign(-ga), f64) * lr * tf.maximum(tf.cast(tf.abs(ga), f64) - steps * l1, 0.0)
+        )
+        numerator = tf.where(l1 > 0, with_l1, tf.cast(-ga, f64) * lr)
+        return tf.cast(numerator / denominator, dtype), ga, da
