@@ -10,6 +10,7 @@ the rule cannot rely on the optimizer having been built.
 
 from __future__ import annotations
 
+import types
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -42,8 +43,26 @@ def family_module(family):
         return pytest.importorskip("tf_keras").optimizers
     if family == "legacy":
         return pytest.importorskip("tf_keras").optimizers.legacy
+    if family == "tf_legacy_keras":
+        return tf_legacy_keras_optimizers()
     assert family == "tf1"
     return tf.compat.v1.train
+
+
+def tf_legacy_keras_optimizers():
+    """The OptimizerV2 classes of the Keras inside TensorFlow (`tensorflow.python.keras`,
+    which TFRA's tests use) as one namespace, like `tf_keras.optimizers.legacy`."""
+    optimizer_v2 = pytest.importorskip("tensorflow.python.keras.optimizer_v2")
+    from tensorflow.python.keras.optimizer_v2 import (  # noqa: PLC0415
+        adadelta, adagrad, adam, adamax, ftrl, gradient_descent, nadam, rmsprop,
+    )
+
+    return types.SimpleNamespace(
+        SGD=gradient_descent.SGD, Adam=adam.Adam, NonFusedAdam=adam.NonFusedAdam,
+        Adagrad=adagrad.Adagrad, RMSprop=rmsprop.RMSprop, Adadelta=adadelta.Adadelta,
+        Adamax=adamax.Adamax, Nadam=nadam.Nadam, Ftrl=ftrl.Ftrl,
+        schedules=optimizer_v2.learning_rate_schedule,
+    )
 
 
 class Case(NamedTuple):
@@ -126,6 +145,14 @@ LEGACY = [
     ),
 ]
 
+# The Keras inside TensorFlow: tf_keras' legacy optimizers are a copy of these.
+TF_LEGACY_KERAS = [
+    (name, make) for name, make in LEGACY if name != "adam-amsgrad-schedule"
+] + [
+    ("adam-amsgrad-schedule", lambda o: o.Adam(
+        o.schedules.ExponentialDecay(0.1, 2, 0.5), amsgrad=True)),
+]
+
 TF1 = [
     ("gradient-descent-callable-lr", lambda o: o.GradientDescentOptimizer(lambda: 0.1)),
     ("momentum", lambda o: o.MomentumOptimizer(0.1, 0.9)),
@@ -174,6 +201,7 @@ CASES = (
         )
     ]
     + [Case("legacy", name, make) for name, make in LEGACY]
+    + [Case("tf_legacy_keras", name, make) for name, make in TF_LEGACY_KERAS]
     + [Case("tf1", name, make) for name, make in TF1]
 )
 
@@ -280,6 +308,14 @@ def test_nonfused_legacy_adam():
     legacy_adam = pytest.importorskip("tf_keras.src.optimizers.legacy.adam")
     case = Case("legacy", "nonfused-adam", lambda o: legacy_adam.NonFusedAdam(0.1, amsgrad=True))
     check_case(case, 4, tf.float32)
+
+
+def test_nonfused_tf_legacy_keras_adam():
+    """TF's own NonFusedAdam, on its sparse path (an embedding's gradient): its dense
+    path divides by sqrt(v) - epsilon, a bug its tf_keras copy fixed."""
+    case = Case("tf_legacy_keras", "nonfused-adam", lambda o: o.NonFusedAdam(0.1, amsgrad=True))
+    for dim in (1, 4):
+        check_case(case, dim, tf.float32, sparse=True)
 
 
 def test_many_steps_nadam_product():

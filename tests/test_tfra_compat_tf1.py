@@ -239,3 +239,106 @@ def test_tf1_optimizer_equals_its_sparse_kernel(name, dim):
         else:
             np.testing.assert_array_equal(a, e, err_msg=message)
     assert not np.allclose(expected[-1], init, atol=1e-3)
+
+
+# -- 2 and 10. Legacy Keras optimizers (tf_keras' and TensorFlow's own) in a TF1 graph ------
+
+
+def _tf_legacy_keras():
+    """TensorFlow's own legacy Keras optimizers (`tensorflow.python.keras`, which TFRA's
+    tests use); TF 2.16-2.21 ship them."""
+    from tensorflow.python.keras.optimizer_v2 import adam, gradient_descent  # noqa: PLC0415
+
+    return adam, gradient_descent
+
+
+def _legacy_keras_optimizers():
+    import tf_keras  # noqa: PLC0415
+
+    adam, gradient_descent = _tf_legacy_keras()
+    return {
+        "tf_keras-Adam": lambda: tf_keras.optimizers.legacy.Adam(0.1),
+        "tf.python.keras-Adam": lambda: adam.Adam(0.1, beta_1=0.8),
+        "tf.python.keras-SGD": lambda: gradient_descent.SGD(0.1, momentum=0.5, nesterov=True),
+    }
+
+
+@pytest.mark.parametrize("name", ["tf_keras-Adam", "tf.python.keras-Adam", "tf.python.keras-SGD"])
+def test_legacy_keras_minimize_returns_the_train_op_in_a_graph(name):
+    """TFRA's graph pattern with an OptimizerV2 (callable loss and var_list): the wrapped
+    optimizer's `minimize` returns the train op, as the optimizer's own does, and the
+    session trains the embedding and the dense variable like the optimizer trains a dense
+    table (every row looked up in every step: legacy Adam's sparse path is not lazy)."""
+    make = _legacy_keras_optimizers()[name]
+    rng = np.random.RandomState(3)
+    init = rng.uniform(-1, 1, (3, 2)).astype(np.float32)
+    ids = [0, 2, 1, 0]
+    with tf.Graph().as_default():
+        keys = tf.constant([5, 6, 7], tf.int64)
+        emb = de.get_variable("legacy_emb", tf.int64, tf.float32, dim=2, devices=["/CPU:0"] * 2)
+        fill = emb.upsert(keys, init)
+        table = tf.Variable(init)
+        train_ops, dense_weights = [], []
+        for wrapped in (False, True):
+            weights = tf.Variable([[0.5], [-1.0]])
+            optimizer = de.DynamicEmbeddingOptimizer(make()) if wrapped else make()
+            trainables = []
+
+            def loss(wrapped=wrapped, weights=weights, trainables=trainables):
+                if wrapped:
+                    rows, trainable = de.embedding_lookup(
+                        emb, tf.gather(keys, ids), return_trainable=True, name="user"
+                    )
+                    trainables[:] = [trainable]
+                else:
+                    rows = tf.nn.embedding_lookup(table, ids)
+                return tf.reduce_sum(tf.square(tf.matmul(rows, weights) - 1.0))
+
+            var_list = (
+                (lambda trainables=trainables, weights=weights: trainables + [weights])
+                if wrapped else [table, weights]
+            )
+            train_ops.append(optimizer.minimize(loss, var_list))
+            dense_weights.append(weights)
+        assert isinstance(train_ops[1], tf.Operation), train_ops[1]
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), fill])
+            for _ in range(5):
+                sess.run(train_ops)
+            rows, expected_rows, weights, expected_weights, iterations = sess.run(
+                [emb.lookup(keys), table, dense_weights[1], dense_weights[0],
+                 optimizer.iterations]
+            )
+    np.testing.assert_allclose(rows, expected_rows, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(weights, expected_weights, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(rows, init, atol=1e-3)
+    assert iterations == 5
+
+
+def test_tf_legacy_keras_optimizer_trains_eagerly():
+    """tensorflow.python.keras' Adam, wrapped, in eager `minimize` calls (TFRA's
+    `test_*_v2_minimize_trainable` in eager mode), equals it on a dense table."""
+    adam, _ = _tf_legacy_keras()
+    ids = tf.constant([0, 1, 1, 2], tf.int64)
+    init = np.array([[0.5, -0.2], [1.0, 0.3], [-0.7, 0.9]], np.float32)
+    table = tf.Variable(init)
+    emb = de.Variable(tf.int64, tf.float32, dim=2, name="eager_legacy")
+    emb.upsert([0, 1, 2], init)
+    optimizer = de.DynamicEmbeddingOptimizer(adam.Adam(0.1))
+    dense_optimizer = adam.Adam(0.1)
+    trainable = emb.get_eager_trainable_by_name("user")
+    for _ in range(5):
+        optimizer.minimize(
+            lambda: tf.reduce_sum(tf.square(de.embedding_lookup(emb, ids, name="user") - 1.0)),
+            [trainable],
+        )
+        dense_optimizer.minimize(
+            lambda: tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, ids) - 1.0)), [table]
+        )
+    np.testing.assert_allclose(emb.lookup([0, 1, 2]).numpy(), table.numpy(), rtol=1e-6, atol=1e-6)
+    assert int(optimizer.iterations) == 5
+    # tf.train.Checkpoint reaches the wrapped optimizer and the embedding slots.
+    path = tf.train.Checkpoint(optimizer=optimizer).write(os.path.join(temp_workdir(), "opt"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert any("inner_optimizer/iter" in name for name in names), names
+    assert any("dynamic_embedding_slots" in name for name in names), names

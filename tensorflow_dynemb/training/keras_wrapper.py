@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, keras_clip, optimizer_name
+from tensorflow_dynemb.training.applier import SparseApplier, _in_graph, keras_clip, optimizer_name
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -36,18 +36,30 @@ class KerasWrapperMixin:
     def _dense_only(var_list):
         return [v for v in var_list if rows_of(v) is None]
 
-    def _apply_pairs(self, pairs, apply_dense) -> None:
+    def _apply_pairs(self, pairs, apply_dense):
         """Applies `(grad, var)` pairs: the sparse part here, the dense part through
-        `apply_dense(dense_pairs)` (the inner optimizer, which advances `iterations`)."""
+        `apply_dense(dense_pairs)` (the inner optimizer, which advances `iterations`).
+
+        Returns:
+          In a TF1 graph, the op of the whole step (what legacy optimizers'
+          `apply_gradients` return there); None elsewhere, where ops run as built
+          (eagerly) or in program order (`tf.function`).
+        """
         self._dynemb.create_slots([v for g, v in pairs if g is not None])
         # The step the inner optimizer is about to apply.
         local_step = tf.cast(self.inner_optimizer.iterations, tf.float32) + 1.0
-        dense, _ = self._dynemb.step(pairs, local_step, keras_clip(self.inner_optimizer))
+        dense, writes = self._dynemb.step(pairs, local_step, keras_clip(self.inner_optimizer))
         dense = [(g, v) for g, v in dense if g is not None]
-        if dense:
-            apply_dense(dense)
-        else:
-            self.inner_optimizer.iterations.assign_add(1)
+        # In a TF1 graph nothing else orders them: the sparse writes read `iterations`
+        # (local_step), which the dense step advances.
+        with tf.control_dependencies(writes if _in_graph() else []):
+            if dense:
+                update = apply_dense(dense)
+            else:
+                update = self.inner_optimizer.iterations.assign_add(1)
+        if not _in_graph():
+            return None
+        return tf.group(update, *writes)
 
     @property
     def iterations(self):

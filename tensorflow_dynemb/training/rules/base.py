@@ -146,6 +146,9 @@ def _schedule_classes() -> tuple:
     tf_keras = sys.modules.get("tf_keras")
     if tf_keras is not None:
         classes.append(tf_keras.optimizers.schedules.LearningRateSchedule)
+    tf_legacy_keras = sys.modules.get("tensorflow.python.keras.optimizer_v2.learning_rate_schedule")
+    if tf_legacy_keras is not None:
+        classes.append(tf_legacy_keras.LearningRateSchedule)
     return tuple(classes)
 
 
