@@ -342,3 +342,44 @@ def test_tf_legacy_keras_optimizer_trains_eagerly():
     names = [name for name, _ in tf.train.list_variables(path)]
     assert any("inner_optimizer/iter" in name for name in names), names
     assert any("dynamic_embedding_slots" in name for name in names), names
+
+
+# -- 10. get_slot_names / get_slot, as TFRA's ---------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["tf1", "tf.python.keras"])
+def test_get_slot_names_and_get_slot_as_tfra(family):
+    """TFRA's restrict tests read `optimizer.get_slot(trainable, name).params` for every
+    `name in optimizer.get_slot_names()`: the slot names of the rule, and slots of the
+    variable's size; a dense variable's slot is still the optimizer's own."""
+    adam, _ = _tf_legacy_keras()
+    make = (lambda: V1.AdamOptimizer(0.1)) if family == "tf1" else (lambda: adam.Adam(0.1))
+    with tf.Graph().as_default():
+        emb = de.get_variable("slots_emb", tf.int64, tf.float32, dim=2)
+        dense = tf.Variable([1.0, 2.0])
+        optimizer = de.DynamicEmbeddingOptimizer(make())
+        trainables = []
+
+        def loss():
+            rows, trainable = de.embedding_lookup(
+                emb, tf.constant([1, 2, 3], tf.int64), return_trainable=True
+            )
+            trainables[:] = [trainable]
+            return tf.reduce_sum(rows * dense)
+
+        if family == "tf1":  # a loss tensor and a list, as TF1 optimizers take them
+            train = optimizer.minimize(loss(), var_list=trainables + [dense])
+        else:
+            train = optimizer.minimize(loss, lambda: trainables + [dense])
+        names = optimizer.get_slot_names()
+        slots = [optimizer.get_slot(trainables[0], name).params for name in names]
+        dense_slot = optimizer.get_slot(dense, "m")
+        with pytest.raises(KeyError, match="'accumulator'"):
+            optimizer.get_slot(trainables[0], "accumulator")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            sizes = sess.run([slot.size() for slot in slots])
+    assert names == ["m", "v"]
+    assert sizes == [3, 3]
+    assert isinstance(dense_slot, tf.Variable) and dense_slot.shape == [2]

@@ -7,6 +7,7 @@ see optimizer.py's docstring for the whole design.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -16,7 +17,15 @@ from tensorflow_dynemb.training.rules import FusedStep, SparseRule, get_rule
 from tensorflow_dynemb.training.slots import SlotStore, SlotView, join_state, split_state
 from tensorflow_dynemb.variable.trainable import TrainableRows, rows_of
 
-__all__ = ["SparseApplier", "SparseGradient", "keras_clip", "optimizer_name", "wrapped"]
+__all__ = [
+    "SparseApplier",
+    "SparseGradient",
+    "get_slot",
+    "keras_clip",
+    "optimizer_name",
+    "slot_names",
+    "wrapped",
+]
 
 
 class SparseGradient(NamedTuple):
@@ -293,6 +302,47 @@ def optimizer_name(optimizer) -> str:
 
 
 def wrapped(optimizer):
-    """The `SparseApplier` of a wrapper, or None for any other optimizer."""
-    return getattr(optimizer, "_dynemb", None)
+    """The `SparseApplier` of a wrapper, or None for any other optimizer. A wrapper is
+    also found inside tf_keras' `TFOptimizer`, which `compile` puts around a
+    `tf.compat.v1.train` optimizer (such as the TF1 wrapper)."""
+    applier = getattr(optimizer, "_dynemb", None)
+    if applier is None and isinstance(optimizer, _tf_optimizer_classes()):
+        applier = getattr(optimizer.optimizer, "_dynemb", None)
+    return applier
+
+
+def _tf_optimizer_classes() -> tuple:
+    """tf_keras' (and TF's own legacy Keras') `TFOptimizer`, where imported."""
+    modules = ("tf_keras.src.optimizers.optimizer_v1", "tensorflow.python.keras.optimizer_v1")
+    return tuple(
+        sys.modules[name].TFOptimizer for name in modules
+        if hasattr(sys.modules.get(name), "TFOptimizer")
+    )
+
+
+def slot_names(inner_optimizer, applier: SparseApplier) -> List[str]:
+    """A wrapper's `get_slot_names()`, as TFRA's (which are the wrapped optimizer's own,
+    de.Variables' slots included): the inner optimizer's names, then the rule's."""
+    get_names = getattr(inner_optimizer, "get_slot_names", None)
+    names = list(get_names()) if get_names is not None else []
+    return names + [spec.name for spec in applier.rule.slots if spec.name not in names]
+
+
+def get_slot(inner_optimizer, applier: SparseApplier, var, slot_name: str):
+    """A wrapper's `get_slot(var, slot_name)`: the `SlotView` of a trainable view's
+    de.Variable (created with its slots if needed), else the inner optimizer's slot.
+
+    Raises:
+      KeyError: `var` is a trainable view and `slot_name` no slot of the rule.
+    """
+    rows = rows_of(var)
+    if rows is None:
+        return inner_optimizer.get_slot(var, slot_name)
+    slots = applier.slots_of(rows.params)
+    if slot_name not in slots:
+        raise KeyError(
+            f"`slot_name` must be one of the slots {sorted(slots)} of the optimizer's "
+            f"de.Variable rows, got {slot_name!r}."
+        )
+    return slots[slot_name]
 

@@ -7,7 +7,14 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, _in_graph, keras_clip, optimizer_name
+from tensorflow_dynemb.training.applier import (
+    SparseApplier,
+    _in_graph,
+    get_slot,
+    keras_clip,
+    optimizer_name,
+    slot_names,
+)
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -82,6 +89,17 @@ class KerasWrapperMixin:
     def get_slot_variables(self, params) -> List[Any]:
         """The slots (`SlotView`s) of `params` (empty before its first update)."""
         return list(self._slot_store.slots_of(params).values())
+
+    def get_slot_names(self) -> List[str]:
+        """TFRA's: the slot names `get_slot` takes: the wrapped optimizer's (of dense
+        variables; tf_keras' and Keras 3's current optimizers have none), then those of
+        de.Variables' slots not among them."""
+        return slot_names(self.inner_optimizer, self._dynemb)
+
+    def get_slot(self, var, slot_name: str):
+        """The slot `slot_name` of `var`: a `SlotView` for a de.Variable's trainable view
+        (as TFRA's, its `.params` is the slot), else the wrapped optimizer's slot."""
+        return get_slot(self.inner_optimizer, self._dynemb, var, slot_name)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)

@@ -6,7 +6,14 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, _in_graph, _no_clip, optimizer_name
+from tensorflow_dynemb.training.applier import (
+    SparseApplier,
+    _in_graph,
+    _no_clip,
+    get_slot,
+    optimizer_name,
+    slot_names,
+)
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -75,13 +82,14 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         return step
 
     def get_slot(self, var, name):
-        return self.inner_optimizer.get_slot(var, name)
+        """The slot `name` of `var`: a `SlotView` for a de.Variable's trainable view (as
+        TFRA's, its `.params` is the slot), else the inner optimizer's slot (or None)."""
+        return get_slot(self.inner_optimizer, self._dynemb, var, name)
 
     def get_slot_names(self):
-        """None: the dense variables' slots belong to (and are saved with) the inner
-        optimizer, where `get_slot` finds them; embedding slots are `SlotView`s
-        (`de.Variable.get_slot_variables`)."""
-        return []
+        """TFRA's: every slot name `get_slot` takes, the inner optimizer's (of dense
+        variables) and those of the de.Variables' slots, sorted as TF1 optimizers do."""
+        return sorted(slot_names(self.inner_optimizer, self._dynemb))
 
     def variables(self):
         return self.inner_optimizer.variables() + list(self._non_slot_dict.values())
