@@ -22,15 +22,16 @@ KEYS = np.array([3, 17, -5, 2**40], np.int64)
 
 def _train_graph(make_optimizer, shards=2, dim=3):
     """A TF1 graph of TFRA's pattern: a de.Variable and a dense variable trained by one
-    optimizer's `minimize`. Returns (variable, dense, train_op, lookup of KEYS)."""
+    optimizer's `minimize`. Returns (variable, dense, train_op, lookup of KEYS, optimizer)."""
     var = de.get_variable("emb", tf.int64, tf.float32, dim=dim, devices=["/CPU:0"] * shards,
                           initializer=0.5)
     dense = tf.compat.v1.get_variable("dense", [dim], initializer=tf.compat.v1.ones_initializer())
     ids = tf.constant(KEYS[[0, 1, 0, 3]])
     rows, trainable = de.embedding_lookup(var, ids, return_trainable=True)
     loss = tf.reduce_sum(tf.square(rows * dense - 1.0))
-    train = de.DynamicEmbeddingOptimizer(make_optimizer()).minimize(loss)
-    return var, dense, train, var.lookup(tf.constant(KEYS))
+    optimizer = de.DynamicEmbeddingOptimizer(make_optimizer())
+    train = optimizer.minimize(loss)
+    return var, dense, train, var.lookup(tf.constant(KEYS)), optimizer
 
 
 # -- 1. import_meta_graph -----------------------------------------------------------------
@@ -43,7 +44,7 @@ def test_import_meta_graph_restores_a_trained_variable_and_its_slots():
     step equals the original graph's, so the optimizer's slots were restored too."""
     prefix = os.path.join(temp_workdir(), "model")
     with tf.Graph().as_default():
-        var, dense, train, lookup = _train_graph(lambda: tf.compat.v1.train.AdamOptimizer(0.1))
+        var, dense, train, lookup, _ = _train_graph(lambda: tf.compat.v1.train.AdamOptimizer(0.1))
         size = var.size()
         dense_value = tf.identity(dense)
         with tf.compat.v1.Session() as sess:
@@ -69,6 +70,103 @@ def test_import_meta_graph_restores_a_trained_variable_and_its_slots():
     np.testing.assert_array_equal(dense_value, saved_dense)
     assert restored_size == 3
     np.testing.assert_array_equal(rows_after_step, next_rows)
+
+
+# -- 3. tf.compat.v1.train.Saver given tables or variables ---------------------------------
+
+
+def _fill(var, keys, dim, offset=0.0):
+    values = np.arange(len(keys) * dim, dtype=np.float32).reshape(len(keys), dim) + offset
+    return var.upsert(tf.constant(keys, tf.int64), values), values
+
+
+def test_saver_of_a_variables_shard_tables_restores_them():
+    """TFRA's `test_save_restore_only_table`: `Saver(var.tables)` saves each shard table
+    (made with checkpoint=False, as the variable checkpoints the content) under its
+    name, and restores it into the same-named tables of a new graph."""
+    prefix = os.path.join(temp_workdir(), "tables")
+    keys = [0, 1, 2, -7, 2**40]
+    with tf.Graph().as_default():
+        var = de.Variable(tf.int64, tf.float32, dim=2, devices=["/CPU:0"] * 2, name="t1")
+        fill, values = _fill(var, keys, 2)
+        saver = tf.compat.v1.train.Saver(var.tables)
+        with tf.compat.v1.Session() as sess:
+            sess.run(fill)
+            assert saver.save(sess, prefix) == prefix
+    names = {name for name, _ in tf.train.list_variables(prefix)}
+    assert {f"t1_mht_{i}of2-{part}" for i in (1, 2) for part in ("keys", "values")} <= names
+    with tf.Graph().as_default():
+        var = de.Variable(tf.int64, tf.float32, dim=2, devices=["/CPU:0"] * 2, name="t1",
+                          initializer=-1.0)
+        overwritten, _ = _fill(var, [0, 99], 2, offset=100.0)
+        saver = tf.compat.v1.train.Saver(var.tables)
+        with tf.compat.v1.Session() as sess:
+            sess.run(overwritten)
+            saver.restore(sess, prefix)
+            size, rows = sess.run([var.size(), var.lookup(tf.constant(keys + [99], tf.int64))])
+    assert size == len(keys)
+    np.testing.assert_array_equal(rows, np.concatenate([values, [[-1.0, -1.0]]]))
+
+
+def test_saver_var_list_with_a_variable_among_dense_ones():
+    """TFRA's `test_save_restore`: `Saver(var_list=[v0, v1, de_variable])` saves the
+    variable's content under its name (the keys `Saver()` without `var_list` writes),
+    and restores it, replacing what the table held."""
+    prefixes = [os.path.join(temp_workdir(), name) for name in ("listed", "collected")]
+    keys = [0, 1, 2]
+    with tf.Graph().as_default():
+        v0, v1 = tf.Variable(10.0, name="v0"), tf.Variable(20.0, name="v1")
+        var = de.Variable(tf.int64, tf.float32, dim=1, name="t1", initializer=-1.0)
+        fill, values = _fill(var, keys, 1)
+        savers = [tf.compat.v1.train.Saver(var_list=[v0, v1, var]), tf.compat.v1.train.Saver()]
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), fill])
+            for saver, prefix in zip(savers, prefixes):
+                saver.save(sess, prefix)
+    listed, collected = (dict(tf.train.list_variables(prefix)) for prefix in prefixes)
+    assert listed == collected
+    assert listed["t1-keys"] == [3] and listed["t1-values"] == [3, 1]
+    with tf.Graph().as_default():
+        v0, v1 = tf.Variable(-1.0, name="v0"), tf.Variable(-1.0, name="v1")
+        var = de.Variable(tf.int64, tf.float32, dim=1, name="t1", initializer=-1.0)
+        overwritten, _ = _fill(var, [0, 1], 1, offset=12.0)
+        saver = tf.compat.v1.train.Saver(var_list=[v0, v1, var])
+        with tf.compat.v1.Session() as sess:
+            sess.run(overwritten)
+            saver.restore(sess, prefixes[0])
+            got = sess.run([v0, v1, var.size(), var.lookup(tf.constant([5, 0, 1, 2], tf.int64))])
+    assert got[:3] == [10.0, 20.0, 3]
+    np.testing.assert_array_equal(got[3], [[-1.0], [0.0], [1.0], [2.0]])
+
+
+def test_saver_of_variable_and_slot_tables_after_training():
+    """TFRA's `test_training_save_restore`: a Saver of the variable's tables and of its
+    slots' tables (listed once per slot: the slots share their state table) restores
+    the trained rows and the slots in a new session."""
+    prefix = os.path.join(temp_workdir(), "trained")
+    with tf.Graph().as_default():
+        var, _, train, _, optimizer = _train_graph(lambda: tf.compat.v1.train.AdamOptimizer(0.3))
+        optimizer_slots = var.get_slot_variables(optimizer)
+        tables = list(var.tables)
+        for slot in optimizer_slots:
+            tables.extend(slot.tables)
+        saver = tf.compat.v1.train.Saver(tables)
+        exports = [var.export()] + [slot.export() for slot in optimizer_slots]
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            before = sess.run(exports)
+            saver.save(sess, prefix)
+        with tf.compat.v1.Session() as sess:  # a new session: empty tables
+            assert sess.run(var.size()) == 0
+            saver.restore(sess, prefix)
+            after = sess.run(exports)
+    assert len(optimizer_slots) == 2 and len(before[0][0]) == 3
+    for (keys, rows), (keys_after, rows_after) in zip(before, after):
+        order, order_after = np.argsort(keys), np.argsort(keys_after)
+        np.testing.assert_array_equal(keys[order], keys_after[order_after])
+        np.testing.assert_array_equal(rows[order], rows_after[order_after])
 
 
 # -- 8. TF1 Adam: the optimizer's own beta powers -----------------------------------------

@@ -35,6 +35,7 @@ from tensorflow_dynemb._convert import (
     flat_rows,
 )
 from tensorflow_dynemb.persistence.checkpoint import Untracked, in_tf1_graph, register_for_tf1_saver
+from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.variable.content import VariableContent
 from tensorflow_dynemb.variable.initializers import make_row_initializer
@@ -74,7 +75,7 @@ def _check_devices(devices: Any) -> List[str]:
     return out
 
 
-class Variable(VariableContent, TrainingState, tf.Module):
+class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
     """A dynamic embedding: keys of any value map to `[dim]` rows, sharded over devices.
 
     Missing keys read `initializer` rows and are not stored. One table (made by
@@ -170,7 +171,18 @@ class Variable(VariableContent, TrainingState, tf.Module):
                 f"`kv_creator` must be a de.HashTableCreator or de.HkvHashTableCreator, "
                 f"got {kv_creator!r}."
             )
+        # Graph-unique in TF1 graphs (the Saver names the variable's content by it);
+        # also the prefix of the shard tables' op names.
+        unique_name = _module_name(name)
+        if in_tf1_graph():
+            # An op of that name reserves it, as TFRA's variable does: a meta graph
+            # exports the SAVEABLE_OBJECTS collection as op names, and
+            # `import_meta_graph` fails on a name that is no op of the graph. Before
+            # tf.Module's name scope takes the name.
+            with tf.control_dependencies(None):
+                unique_name = tf.no_op(name=unique_name).name
         super().__init__(name=_module_name(name))
+        self._unique_name = unique_name
         self._var_name = name
         self._partition_fn = partitioner
         self._trainable = bool(trainable)
@@ -178,15 +190,6 @@ class Variable(VariableContent, TrainingState, tf.Module):
         self._bp_v2 = bool(bp_v2)
         self._kv_creator = kv_creator
         self._initializer = make_row_initializer(initializer, self._dim, self._value_dtype)
-        # Graph-unique in TF1 graphs (the Saver names the variable's content by it);
-        # also the prefix of the shard tables' op names.
-        self._unique_name = _module_name(name)
-        if in_tf1_graph():
-            # An op of that name reserves it, as TFRA's variable does: a meta graph
-            # exports the SAVEABLE_OBJECTS collection as op names, and
-            # `import_meta_graph` fails on a name that is no op of the graph.
-            with tf.control_dependencies(None):
-                self._unique_name = tf.no_op(name=self._unique_name).name
 
         num_shards = len(self._devices)
         tables = []
@@ -224,6 +227,15 @@ class Variable(VariableContent, TrainingState, tf.Module):
 
         if self._checkpoint and in_tf1_graph():
             register_for_tf1_saver(self, self._unique_name)
+
+    # -- a TF1 Saver given the variable in `var_list` (persistence/tf1_saver.py) ---------
+
+    def _tf1_saver_name(self) -> str:
+        # As `register_for_tf1_saver` names it for `Saver()` without `var_list`.
+        return self._unique_name
+
+    def _tf1_saver_tensors(self) -> Dict[str, tf.Tensor]:
+        return self._serialize_to_tensors()
 
     # -- properties ----------------------------------------------------------------------
 
