@@ -169,6 +169,32 @@ def test_saver_of_variable_and_slot_tables_after_training():
         np.testing.assert_array_equal(rows[order], rows_after[order_after])
 
 
+# -- 4. size() in a finalized graph ----------------------------------------------------
+
+
+def test_size_in_a_finalized_graph_reuses_the_first_size_op():
+    """TFRA's MonitoredTrainingSession test calls `table.size()` again once the session
+    has finalized the graph: the op of the first call serves (per index), reading the
+    size when it runs; an index never asked before is a clear error."""
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.train.create_global_step()
+        var = de.Variable(tf.int64, tf.float32, dim=1, devices=["/CPU:0"] * 2, name="m100")
+        fill, _ = _fill(var, [0, 1, 2], 1)
+        with tf.control_dependencies([fill]):  # not carried over to later calls
+            var.size()
+        first_of_shard = var.size(0)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+            checkpoint_dir=temp_workdir(), save_checkpoint_secs=None
+        ) as sess:
+            assert graph.finalized
+            assert sess.run(var.size()) == 0
+            sess.run(fill)
+            sizes = sess.run([var.size(), var.size(0), first_of_shard])
+            with pytest.raises(RuntimeError, match=r"size\(index=1\).*finalized"):
+                var.size(1)
+    assert sizes[0] == 3 and sizes[1] == sizes[2] and 0 < sizes[1] < 3
+
+
 # -- 8. TF1 Adam: the optimizer's own beta powers -----------------------------------------
 
 

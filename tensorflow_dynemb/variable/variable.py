@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -210,6 +211,8 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         self._tables = tables
         for table in tables:
             table._set_owner(self)
+        # The size ops of each TF1 graph, for calls once it is finalized (see `size`).
+        self._size_ops = Untracked(by_graph=weakref.WeakKeyDictionary())
         # Trainable views by lookup name (see trainable.py); not part of checkpoints.
         self._trainables: Dict[str, TrainableRows] = {}
         # Optimizer slots of this variable: the slot state variables (they must lose
@@ -524,20 +527,46 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
     def size(self, index: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
         """The number of keys in shard `index`, or in the whole variable.
 
+        In a TF1 graph that is finalized (as `MonitoredTrainingSession` does), where no op
+        can be added, it returns the size op built by the first call of the graph (as
+        TFRA's variable does), which reads the size whenever it runs.
+
         Returns:
           An int64 scalar tensor.
 
         Raises:
           ValueError: `index` out of `[0, num_shards)`.
+          RuntimeError: the TF1 graph is finalized and `size` was never called before.
         """
+        if index is not None:
+            index = check_int(index, "index", 0)
+            if index >= self.shard_num:
+                raise ValueError(
+                    f"`index` must be in [0, {self.shard_num}) (the number of shards), "
+                    f"got {index}."
+                )
+        if not in_tf1_graph():
+            return self._size_op(index, name)
+        graph = tf.compat.v1.get_default_graph()
+        cache = self._size_ops.by_graph.setdefault(graph, {})
+        if graph.finalized:
+            if index not in cache:
+                raise RuntimeError(
+                    f"de.Variable {self.name!r}: size(index={index}) needs new ops, but the "
+                    "graph is finalized (MonitoredTrainingSession finalizes it). Call "
+                    f"size(index={index}) once before that; later calls return its op."
+                )
+            return cache[index]
+        if index not in cache:
+            # Out of any control dependency or control flow of this call: the op is
+            # reused wherever a later call runs.
+            with tf.control_dependencies(None):
+                cache[index] = self._size_op(index, None)
+        return self._size_op(index, name)
+
+    def _size_op(self, index: Optional[int], name: Optional[str]) -> tf.Tensor:
         with tf.name_scope(name or f"{self._unique_name}_size"):
             if index is not None:
-                index = check_int(index, "index", 0)
-                if index >= self.shard_num:
-                    raise ValueError(
-                        f"`index` must be in [0, {self.shard_num}) (the number of shards), "
-                        f"got {index}."
-                    )
                 return self._tables[index].size()
             return tf.add_n([table.size() for table in self._tables])
 
