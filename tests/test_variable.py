@@ -465,7 +465,8 @@ def test_get_variable_follows_variable_scope_reuse_in_graphs():
         with tf.compat.v1.variable_scope("tower"):
             a = de.get_variable("emb", dim=2)
             assert a.name == "tower/emb"
-            with pytest.raises(ValueError, match="already exists"):
+            # TFRA's wording, which its tests match.
+            with pytest.raises(ValueError, match="Variable tower/emb already exists, disallowed"):
                 de.get_variable("emb", dim=2)
         with tf.compat.v1.variable_scope("tower", reuse=True):
             assert de.get_variable("emb", dim=2) is a
