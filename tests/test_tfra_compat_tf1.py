@@ -507,3 +507,61 @@ def test_get_slot_names_and_get_slot_as_tfra(family):
     assert names == ["m", "v"]
     assert sizes == [3, 3]
     assert isinstance(dense_slot, tf.Variable) and dense_slot.shape == [2]
+
+
+# -- 9. The trainable view: names, device, update_op ------------------------------------
+
+
+def test_trainable_is_named_and_placed_as_tfra():
+    """TFRA's `test_scope_reuse_embedding_lookup` and `test_colocate_to_ids`: the view of
+    `embedding_lookup(..., name)` is `<variable scope>/<name>/<name>` (unique in the
+    graph), and lives with the ids, not where the lookup is called."""
+    with tf.Graph().as_default():
+        ids = tf.constant([0, 1, 2], tf.int64)
+        with tf.compat.v1.variable_scope("test", reuse=tf.compat.v1.AUTO_REUSE):
+            p1 = de.get_variable("p1")
+            with tf.compat.v1.variable_scope("q"):
+                _, t1 = de.embedding_lookup(p1, ids, name="emb", return_trainable=True)
+        with tf.compat.v1.variable_scope("test", reuse=tf.compat.v1.AUTO_REUSE):
+            p2 = de.get_variable("p2")
+            with tf.compat.v1.variable_scope("q"):
+                _, t2 = de.embedding_lookup(p2, ids, name="emb", return_trainable=True)
+        with tf.device("/CPU:1"):
+            features = tf.constant([1, 2, 3], tf.int64)
+        with tf.device("/CPU:2"):
+            _, placed = de.embedding_lookup(p1, features, name="on_cpu_2", return_trainable=True)
+    assert (t1.name, t2.name) == ("test/q/emb/emb:0", "test/q/emb/emb_1:0")
+    assert p1.get_trainable_by_name("emb") is t1 and p2.get_trainable_by_name("emb") is t2
+    assert tf.DeviceSpec.from_string(placed.device).device_index == 1
+
+
+@pytest.mark.parametrize("policy", [None, de.TimestampRestrictPolicy])
+def test_trainable_update_op_writes_the_looked_up_rows(policy):
+    """TFRA's `test_simple_sharded`: `trainable.update_op()` writes the rows the lookup
+    read (here the initializer's, as max_norm clips only the output) into the variable,
+    and, with a restrict policy, the policy's status of those ids."""
+    with tf.Graph().as_default():
+        var = de.get_variable("t300", tf.int64, tf.float32, dim=1, devices=["/CPU:0"] * 2,
+                              initializer=2.0, restrict_policy=policy)
+        ids = tf.constant([0, 1, 2, 3, 4], tf.int64)
+        embedding, trainable = de.embedding_lookup(var, ids, max_norm=1.0, return_trainable=True)
+        update = trainable.update_op()
+        with tf.compat.v1.Session() as sess:
+            rows = sess.run(embedding)
+            assert sess.run(var.size()) == 0  # a lookup stores nothing
+            sess.run(update)
+            sizes = sess.run([var.size(), var.size(0), var.size(1)])
+            stored = sess.run(var.lookup(ids))
+            status = sess.run(var.restrict_policy.status.size()) if policy else None
+    np.testing.assert_array_equal(rows, np.ones([5, 1]))
+    np.testing.assert_array_equal(stored, np.full([5, 1], 2.0))
+    assert sizes[0] == 5 and sizes[1] + sizes[2] == 5 and min(sizes[1:]) > 0
+    assert status == (5 if policy else None)
+
+
+def test_trainable_update_op_of_a_bp_v2_variable_needs_the_rows_before():
+    with tf.Graph().as_default():
+        var = de.get_variable("bp_v2_emb", dim=1, initializer=1.0, bp_v2=True)
+        _, trainable = de.embedding_lookup(var, tf.constant([7], tf.int64), return_trainable=True)
+        with pytest.raises(ValueError, match="bp_v2.*v0"):
+            trainable.update_op()
