@@ -475,7 +475,8 @@ def test_tf_legacy_keras_optimizer_trains_eagerly():
 def test_get_slot_names_and_get_slot_as_tfra(family):
     """TFRA's restrict tests read `optimizer.get_slot(trainable, name).params` for every
     `name in optimizer.get_slot_names()`: the slot names of the rule, and slots of the
-    variable's size; a dense variable's slot is still the optimizer's own."""
+    variable's size. A dense variable's slots are the wrapped optimizer's: the wrapper
+    does not answer for them (TF's checkpoints would save them twice)."""
     adam, _ = _tf_legacy_keras()
     make = (lambda: V1.AdamOptimizer(0.1)) if family == "tf1" else (lambda: adam.Adam(0.1))
     with tf.Graph().as_default():
@@ -497,7 +498,8 @@ def test_get_slot_names_and_get_slot_as_tfra(family):
             train = optimizer.minimize(loss, lambda: trainables + [dense])
         names = optimizer.get_slot_names()
         slots = [optimizer.get_slot(trainables[0], name).params for name in names]
-        dense_slot = optimizer.get_slot(dense, "m")
+        assert optimizer.get_slot(dense, "m") is None
+        dense_slot = optimizer.inner_optimizer.get_slot(dense, "m")
         with pytest.raises(KeyError, match="'accumulator'"):
             optimizer.get_slot(trainables[0], "accumulator")
         with tf.compat.v1.Session() as sess:
@@ -565,3 +567,55 @@ def test_trainable_update_op_of_a_bp_v2_variable_needs_the_rows_before():
         _, trainable = de.embedding_lookup(var, tf.constant([7], tf.int64), return_trainable=True)
         with pytest.raises(ValueError, match="bp_v2.*v0"):
             trainable.update_op()
+
+
+@pytest.mark.parametrize("family", ["tf1", "tf_keras-legacy", "tf.python.keras"])
+def test_checkpoint_of_a_wrapper_that_lists_slot_names(family):
+    """TF's checkpoints ask every object with `get_slot_names` for the slots of every
+    variable: a wrapper (which has them, as TFRA's) must not answer for the wrapped
+    optimizer's dense slots, or they would be saved twice. The dense and the embedding
+    slots both restore."""
+    import tf_keras  # noqa: PLC0415
+
+    adam, _ = _tf_legacy_keras()
+    make = {
+        "tf1": lambda: V1.AdamOptimizer(0.1),
+        "tf_keras-legacy": lambda: tf_keras.optimizers.legacy.Adam(0.1),
+        "tf.python.keras": lambda: adam.Adam(0.1),
+    }[family]
+
+    def build():
+        emb = de.Variable(tf.int64, tf.float32, dim=2, name="ckpt_emb", initializer=0.5)
+        dense = tf.Variable([1.0, -1.0], name="ckpt_dense")
+        optimizer = de.DynamicEmbeddingOptimizer(make())
+        return emb, dense, optimizer
+
+    emb, dense, optimizer = build()
+    trainable = emb.get_eager_trainable_by_name("user")
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            rows = de.embedding_lookup(emb, tf.constant([1, 2], tf.int64), name="user")
+            loss = tf.reduce_sum(tf.square(rows * dense - 1.0))
+        optimizer.apply_gradients(zip(tape.gradient(loss, [trainable, dense]), [trainable, dense]))
+    inner = optimizer.inner_optimizer
+    saved_dense_m = inner.get_slot(dense, "m").numpy()
+    saved_m = optimizer.get_slot(trainable, "m").params.lookup([1, 2]).numpy()
+    path = tf.train.Checkpoint(emb=emb, dense=dense, optimizer=optimizer).write(
+        os.path.join(temp_workdir(), "ckpt")
+    )
+
+    emb, dense, optimizer = build()
+    tf.train.Checkpoint(emb=emb, dense=dense, optimizer=optimizer).read(path)
+    trainable = emb.get_eager_trainable_by_name("user")
+    # The slots exist once the optimizer builds them for these variables.
+    with tf.GradientTape() as tape:
+        rows = de.embedding_lookup(emb, tf.constant([1, 2], tf.int64), name="user")
+        loss = tf.reduce_sum(rows * dense) * 0.0
+    optimizer.apply_gradients(zip(tape.gradient(loss, [trainable, dense]), [trainable, dense]))
+    np.testing.assert_allclose(
+        optimizer.inner_optimizer.get_slot(dense, "m").numpy(), saved_dense_m * 0.9, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        optimizer.get_slot(trainable, "m").params.lookup([1, 2]).numpy(), saved_m * 0.9,
+        rtol=1e-6,
+    )

@@ -320,24 +320,25 @@ def _tf_optimizer_classes() -> tuple:
     )
 
 
-def slot_names(inner_optimizer, applier: SparseApplier) -> List[str]:
-    """A wrapper's `get_slot_names()`, as TFRA's (which are the wrapped optimizer's own,
-    de.Variables' slots included): the inner optimizer's names, then the rule's."""
-    get_names = getattr(inner_optimizer, "get_slot_names", None)
-    names = list(get_names()) if get_names is not None else []
-    return names + [spec.name for spec in applier.rule.slots if spec.name not in names]
+def slot_names(applier: SparseApplier) -> List[str]:
+    """A wrapper's `get_slot_names()`: the slots of the de.Variables it trains (TFRA's
+    optimizer, patched in place, lists these among its own), the names `get_slot` takes."""
+    return [spec.name for spec in applier.rule.slots]
 
 
-def get_slot(inner_optimizer, applier: SparseApplier, var, slot_name: str):
+def get_slot(applier: SparseApplier, var, slot_name: str):
     """A wrapper's `get_slot(var, slot_name)`: the `SlotView` of a trainable view's
-    de.Variable (created with its slots if needed), else the inner optimizer's slot.
+    de.Variable (created with its slots if needed); None for any other variable, whose
+    slots are the inner optimizer's (`inner_optimizer.get_slot`). TF's checkpoints ask
+    every optimizer for the slots of every variable: a wrapper that also answered for
+    the inner optimizer's would save those twice, which TF refuses.
 
     Raises:
       KeyError: `var` is a trainable view and `slot_name` no slot of the rule.
     """
     rows = rows_of(var)
     if rows is None:
-        return inner_optimizer.get_slot(var, slot_name)
+        return None
     slots = applier.slots_of(rows.params)
     if slot_name not in slots:
         raise KeyError(
@@ -345,4 +346,3 @@ def get_slot(inner_optimizer, applier: SparseApplier, var, slot_name: str):
             f"de.Variable rows, got {slot_name!r}."
         )
     return slots[slot_name]
-

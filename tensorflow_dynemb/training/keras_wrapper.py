@@ -91,15 +91,14 @@ class KerasWrapperMixin:
         return list(self._slot_store.slots_of(params).values())
 
     def get_slot_names(self) -> List[str]:
-        """TFRA's: the slot names `get_slot` takes: the wrapped optimizer's (of dense
-        variables; tf_keras' and Keras 3's current optimizers have none), then those of
-        de.Variables' slots not among them."""
-        return slot_names(self.inner_optimizer, self._dynemb)
+        """TFRA's: the slot names of the de.Variables' slots, which `get_slot` takes."""
+        return slot_names(self._dynemb)
 
     def get_slot(self, var, slot_name: str):
-        """The slot `slot_name` of `var`: a `SlotView` for a de.Variable's trainable view
-        (as TFRA's, its `.params` is the slot), else the wrapped optimizer's slot."""
-        return get_slot(self.inner_optimizer, self._dynemb, var, slot_name)
+        """The `SlotView` of slot `slot_name` of a de.Variable's trainable view (as
+        TFRA's, its `.params` is the slot); None for other variables, whose slots are
+        the wrapped optimizer's."""
+        return get_slot(self._dynemb, var, slot_name)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)

@@ -82,14 +82,15 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         return step
 
     def get_slot(self, var, name):
-        """The slot `name` of `var`: a `SlotView` for a de.Variable's trainable view (as
-        TFRA's, its `.params` is the slot), else the inner optimizer's slot (or None)."""
-        return get_slot(self.inner_optimizer, self._dynemb, var, name)
+        """The `SlotView` of slot `name` of a de.Variable's trainable view (as TFRA's,
+        its `.params` is the slot); None for other variables, whose slots are the inner
+        optimizer's (`inner_optimizer.get_slot`)."""
+        return get_slot(self._dynemb, var, name)
 
     def get_slot_names(self):
-        """TFRA's: every slot name `get_slot` takes, the inner optimizer's (of dense
-        variables) and those of the de.Variables' slots, sorted as TF1 optimizers do."""
-        return sorted(slot_names(self.inner_optimizer, self._dynemb))
+        """TFRA's: the slot names of the de.Variables' slots (sorted, as TF1
+        optimizers list theirs), which `get_slot` takes."""
+        return sorted(slot_names(self._dynemb))
 
     def variables(self):
         return self.inner_optimizer.variables() + list(self._non_slot_dict.values())
