@@ -371,8 +371,8 @@ def test_tf1_optimizer_equals_its_sparse_kernel(name, dim):
 def _tf_legacy_keras():
     """TensorFlow's own legacy Keras optimizers (`tensorflow.python.keras`, which TFRA's
     tests use); TF 2.16-2.21 ship them."""
-    from tensorflow.python.keras.optimizer_v2 import adam, gradient_descent  # noqa: PLC0415
-
+    adam = pytest.importorskip("tensorflow.python.keras.optimizer_v2.adam")
+    gradient_descent = pytest.importorskip("tensorflow.python.keras.optimizer_v2.gradient_descent")
     return adam, gradient_descent
 
 
