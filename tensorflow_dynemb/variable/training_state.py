@@ -102,9 +102,10 @@ class TrainingState:
 
     # -- training ------------------------------------------------------------------------
 
-    def _trainable_rows(self, name: str) -> TrainableRows:
-        """The trainable view called `name`, created on first use. In a TF1 graph every
-        lookup gets its own view (named uniquely in the graph), as its ops do."""
+    def _trainable_rows(self, name: str, ids: Optional[tf.Tensor] = None) -> TrainableRows:
+        """The trainable view called `name`, created on first use (in a TF1 graph with
+        the lookup's `ids`). In a TF1 graph every lookup gets its own view (named
+        uniquely in the graph), as its ops do."""
         if in_tf1_graph():
             base, i = name, 1
             while name in self._trainables:
@@ -114,7 +115,7 @@ class TrainingState:
         key = _view_key(name, replica)
         rows = self._trainables.get(key)
         if rows is None:
-            rows = TrainableRows(self, name, replica=replica)
+            rows = TrainableRows(self, name, replica=replica, ids=ids)
             self._trainables[key] = rows
         return rows
 
