@@ -148,50 +148,65 @@ Status SaveTable(Table& table, const SaveOptions& options, ByteSink* sink, Saved
   const size_t value_bytes = opt.value_bytes();
   const bool string_keys = opt.key_type == KeyType::kString;
   const size_t key_bytes = string_keys ? 0 : NumericKeyBytes(opt.key_type);
+  // Rows gather into one block until it holds chunk_rows rows or about
+  // kBlockBytes (ExportChunks hands over one shard's rows at a time, which in
+  // a small table are a few rows each: a block per chunk would cost its
+  // 24-byte head per few rows).
+  const uint64_t block_rows = static_cast<uint64_t>(options.chunk_rows);
   uint64_t total = 0;
+  uint64_t rows_in_block = 0;
   std::vector<char> buf;
+  const auto flush = [&]() -> Status {
+    if (rows_in_block == 0) return Status::Ok();
+    DYNEMB_RETURN_IF_ERROR(writer.Block(rows_in_block, buf.data(), buf.size()));
+    total += rows_in_block;
+    rows_in_block = 0;
+    buf.clear();
+    return Status::Ok();
+  };
   DYNEMB_RETURN_IF_ERROR(table.ExportChunks(
       options.chunk_rows,
       [&](const void* keys, int64_t n, const void* values, const uint64_t* scores) -> Status {
         const char* v = static_cast<const char*>(values);
-        int64_t begin = 0;
-        while (begin < n) {
-          // Rows [begin, end) fill one block of about kBlockBytes.
-          buf.clear();
-          int64_t end = begin;
+        for (int64_t i = 0; i < n;) {
           if (!string_keys) {
+            // Rows [i, end) in one copy loop: as many as the block takes.
             const size_t row_bytes = key_bytes + sizeof(uint64_t) + value_bytes;
-            const int64_t fit = std::max<int64_t>(1, kBlockBytes / row_bytes);
-            end = std::min(n, begin + fit);
-            buf.resize(static_cast<size_t>(end - begin) * row_bytes);
-            char* out = buf.data();
+            const uint64_t by_bytes =
+                buf.size() < kBlockBytes ? (kBlockBytes - buf.size() + row_bytes - 1) / row_bytes : 1;
+            const uint64_t room = std::min(block_rows - rows_in_block, std::max<uint64_t>(1, by_bytes));
+            const int64_t end = std::min<int64_t>(n, i + static_cast<int64_t>(room));
+            const size_t at = buf.size();
+            buf.resize(at + static_cast<size_t>(end - i) * row_bytes);
+            char* out = buf.data() + at;
             const char* k = static_cast<const char*>(keys);
-            for (int64_t i = begin; i < end; ++i) {
-              std::memcpy(out, k + i * key_bytes, key_bytes);
-              std::memcpy(out + key_bytes, &scores[i], sizeof(uint64_t));
-              std::memcpy(out + key_bytes + sizeof(uint64_t), v + i * value_bytes, value_bytes);
+            for (int64_t r = i; r < end; ++r) {
+              std::memcpy(out, k + r * key_bytes, key_bytes);
+              std::memcpy(out + key_bytes, &scores[r], sizeof(uint64_t));
+              std::memcpy(out + key_bytes + sizeof(uint64_t), v + r * value_bytes, value_bytes);
               out += row_bytes;
             }
+            rows_in_block += static_cast<uint64_t>(end - i);
+            i = end;
           } else {
-            const auto* k = static_cast<const std::string_view*>(keys);
-            for (; end < n && (end == begin || buf.size() < kBlockBytes); ++end) {
-              const std::string_view key = k[end];
-              const size_t at = buf.size();
-              buf.resize(at + sizeof(uint32_t) + key.size() + sizeof(uint64_t) + value_bytes);
-              char* out = buf.data() + at;
-              PutPod(out, static_cast<uint32_t>(key.size()));
-              std::memcpy(out + 4, key.data(), key.size());
-              std::memcpy(out + 4 + key.size(), &scores[end], sizeof(uint64_t));
-              std::memcpy(out + 12 + key.size(), v + end * value_bytes, value_bytes);
-            }
+            const std::string_view key = static_cast<const std::string_view*>(keys)[i];
+            const size_t at = buf.size();
+            buf.resize(at + sizeof(uint32_t) + key.size() + sizeof(uint64_t) + value_bytes);
+            char* out = buf.data() + at;
+            PutPod(out, static_cast<uint32_t>(key.size()));
+            std::memcpy(out + 4, key.data(), key.size());
+            std::memcpy(out + 4 + key.size(), &scores[i], sizeof(uint64_t));
+            std::memcpy(out + 12 + key.size(), v + i * value_bytes, value_bytes);
+            ++rows_in_block;
+            ++i;
           }
-          DYNEMB_RETURN_IF_ERROR(
-              writer.Block(static_cast<uint64_t>(end - begin), buf.data(), buf.size()));
-          total += static_cast<uint64_t>(end - begin);
-          begin = end;
+          if (rows_in_block >= block_rows || buf.size() >= kBlockBytes) {
+            DYNEMB_RETURN_IF_ERROR(flush());
+          }
         }
         return Status::Ok();
       }));
+  DYNEMB_RETURN_IF_ERROR(flush());
   DYNEMB_RETURN_IF_ERROR(writer.Footer(total));
   DYNEMB_RETURN_IF_ERROR(sink->Close());
   if (saved != nullptr) *saved = SavedFile{total, writer.bytes(), writer.digest()};
