@@ -27,6 +27,7 @@ from tensorflow_dynemb.variable import (
     get_variable,
     safe_embedding_lookup_sparse,
 )
+from tensorflow_dynemb.persistence import FileSystemSaver, FileSystemSaverConfig
 from tensorflow_dynemb.training import DynamicEmbeddingOptimizer
 from tensorflow_dynemb.policies import (
     FrequencyAdmitPolicy,
@@ -47,6 +48,8 @@ __all__ = [
     "CuckooHashTable",
     "CuckooHashTableCreator",
     "DynamicEmbeddingOptimizer",
+    "FileSystemSaver",
+    "FileSystemSaverConfig",
     "FrequencyAdmitPolicy",
     "FrequencyRestrictPolicy",
     "RestrictPolicy",
