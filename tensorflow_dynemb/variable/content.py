@@ -217,6 +217,9 @@ class VariableContent:
         load operations (empty when executing eagerly)."""
         dirpath, prefix, rows = self._checkpoint_files(default_dir)
         with tf.name_scope(f"{self._unique_name}_checkpoint_files"):
+            # A tensor: the files are found when the restore runs (a TF1 Saver
+            # builds its restore ops before the first save).
+            dirpath = tf.convert_to_tensor(dirpath, tf.string)
             return variable_files.load(self, dirpath, prefix, rows, clear=True,
                                        expected_save_id=save_id)
 
