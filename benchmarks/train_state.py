@@ -32,7 +32,8 @@ one takes every place in the order.
   3.9-6.6 s back to back), which would make a save's time depend on its predecessor.
 - files (`--modes files`, ours only): the streaming file path instead of a checkpoint:
   each variable's `save_to_file_system(dir, file_name=name)` (every shard one file,
-  checksummed, synced, committed by a manifest), then `load_from_file_system` into
+  checksummed, synced, committed by a manifest; `--file-sync 0`: unsynced, through the
+  page cache), then `load_from_file_system` into
   empty variables in a fresh process (timed until their `size()` answers); keys/s and
   file bytes as for checkpoints. To compare two builds of the package, run this with
   each on PYTHONPATH in turn (the children inherit it).
@@ -216,8 +217,11 @@ def _write_files(args, variables, result):
     the directory to a fresh "files-restore" child) and prints `result`."""
     n = args.keys
     t0 = time.perf_counter()
+    # --file-sync 0: page cache, unsynced, as saves were before generations (the
+    # option does not exist in those builds: leave it at 1 there).
+    sync = {} if args.file_sync else {"sync": False}
     for name, var in variables.items():
-        var.save_to_file_system(args.ckpt_dir, file_name=name)
+        var.save_to_file_system(args.ckpt_dir, file_name=name, **sync)
     save_s = time.perf_counter() - t0
     file_bytes = sum(
         os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.ckpt_dir) for f in files
@@ -237,6 +241,8 @@ def main():
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="leave out the writer's floor (dense variables) in checkpoint mode")
     p.add_argument("--modes", default="memory,checkpoint")
+    p.add_argument("--file-sync", type=int, default=1,
+                   help="files mode: 0 saves unsynced, through the page cache (sync=False)")
     p.add_argument("--tmpdir", default=None, help="where checkpoints are written (default: $TMPDIR)")
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -264,7 +270,8 @@ def main():
             shift = r % len(mode_impls)
             for impl in mode_impls[shift:] + mode_impls[:shift]:
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", impl,
-                       "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
+                       "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch),
+                       "--file-sync", str(args.file_sync)]
                 ckpt_dir = tempfile.mkdtemp(prefix="dynemb_ckpt_", dir=args.tmpdir)
                 # Every child starts with no dirty page cache: a save writes ~2 GB, and
                 # the kernel throttles a writer to the disk's speed once the dirty pages

@@ -126,6 +126,22 @@ def test_a_failed_load_in_place_still_checks_everything_first(tmp_path):
         assert content(target) == before
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_unsynced_saves_are_generations_too(tmp_path, sync):
+    var = saved_variable(tmp_path / "old")
+    var.save_to_file_system(str(tmp_path), sync=sync)
+    var.save_to_file_system(str(tmp_path), sync=sync)  # replaces the first
+    assert len(os.listdir(tmp_path)) == 5  # "old", the manifest and 3 files
+    target = loaded_target(2)
+    target.load_from_file_system(str(tmp_path))
+    assert content(target)[0] == content(var)[0]
+    table = var.tables[0]
+    table.save_to_file_system(str(tmp_path), "t.dynemb", sync=sync)
+    other = de.HashTable(tf.int64, tf.float32, [0.0] * 3)
+    other.load_from_file_system(str(tmp_path), "t.dynemb")
+    assert content(other)[0] == content(table)[0]
+
+
 # ----------------------------------------------------------------------------------------
 # 2. A file of another save is never loaded with this one.
 # ----------------------------------------------------------------------------------------

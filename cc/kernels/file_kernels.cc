@@ -43,29 +43,37 @@ namespace {
 // Files
 // ---------------------------------------------------------------------------
 
-// Files go through CheckpointEnv (direct_io.h): local files are written and
-// read with direct I/O, like checkpoints. Besides sparing the page cache, it
-// makes the sync each file gets cheap: on the VM measured (docs/benchmarks.md)
-// buffered writes synced ran at ~220 MB/s, direct writes at ~1.5 GB/s.
+// Files are read, and written when synced, through CheckpointEnv
+// (direct_io.h): local files with direct I/O, like checkpoints. Besides
+// sparing the page cache, it makes the sync each file gets cheap: on the VM
+// measured (docs/benchmarks.md) buffered writes synced ran at ~220 MB/s,
+// direct writes at ~1.5 GB/s.
 
-// A file being written; Close flushes it and syncs it to the storage, so a
-// manifest written after it never names bytes that a crash can lose.
+// A file being written; with `sync`, Close flushes it and syncs it to the
+// storage, so a manifest written after it never names bytes that a crash of
+// the machine can lose.
 class WritableFileSink : public ByteSink {
  public:
-  explicit WritableFileSink(std::unique_ptr<tensorflow::WritableFile> file)
-      : file_(std::move(file)) {}
+  WritableFileSink(std::unique_ptr<tensorflow::WritableFile> file, bool sync)
+      : file_(std::move(file)), sync_(sync) {}
   Status Append(const void* data, size_t size) override {
     return FromTfStatus(file_->Append(absl::string_view(static_cast<const char*>(data), size)));
   }
   Status Close() override {
-    absl::Status s = file_->Sync();
+    absl::Status s = sync_ ? file_->Sync() : absl::OkStatus();
     if (s.ok()) s = file_->Close();
     return FromTfStatus(s);
   }
 
  private:
   std::unique_ptr<tensorflow::WritableFile> file_;
+  const bool sync_;
 };
+
+// Where a save writes: synced saves through CheckpointEnv (direct I/O, whose
+// writes are on the disk when they return, so the sync is cheap); unsynced
+// ones through the page cache, which returns before the disk has the bytes.
+tensorflow::Env* SaveEnv(bool sync) { return sync ? CheckpointEnv() : tensorflow::Env::Default(); }
 
 // A file read in order, in chunks, with the next chunk read ahead by a
 // helper thread while the caller parses and inserts the current one: a
@@ -205,12 +213,12 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteSynced(tensorflow::Env* env, const std::string& path,
-                         const std::string& text) {
+absl::Status WriteManifestFile(tensorflow::Env* env, const std::string& path,
+                               const std::string& text, bool sync) {
   std::unique_ptr<tensorflow::WritableFile> file;
   TF_RETURN_IF_ERROR(env->NewWritableFile(path, &file));
   TF_RETURN_IF_ERROR(file->Append(text));
-  TF_RETURN_IF_ERROR(file->Sync());
+  if (sync) TF_RETURN_IF_ERROR(file->Sync());
   return file->Close();
 }
 
@@ -281,6 +289,7 @@ SaveToFileOp::SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
   OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
   OP_REQUIRES_OK(ctx, ctx->GetAttr("routed", &options_.routed));
   OP_REQUIRES_OK(ctx, ctx->GetAttr("generation", &generation_));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("sync", &sync_));
   OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
               absl::InvalidArgumentError(absl::StrCat(
                   "shard_index must be in [0, num_shards), got shard_index ", shard_index,
@@ -297,7 +306,7 @@ void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resourc
   OP_REQUIRES_OK(ctx, ScalarInput(ctx, 3, "save_id", &save_id));
   OP_REQUIRES_OK(ctx, CheckFileName(file_name, "file_name"));
   OP_REQUIRES_OK(ctx, CheckSaveId(save_id));
-  tensorflow::Env* env = CheckpointEnv();
+  tensorflow::Env* env = SaveEnv(sync_);
   // The directory may be a graph-time tensor that Python never saw: create it here.
   if (!env->IsDirectory(dir).ok()) OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(dir));
   // A generation's data file carries the save id in its name, and no
@@ -313,7 +322,7 @@ void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resourc
   {
     std::unique_ptr<tensorflow::WritableFile> file;
     OP_REQUIRES_OK(ctx, env->NewWritableFile(written, &file));
-    WritableFileSink sink(std::move(file));
+    WritableFileSink sink(std::move(file), sync_);
     const absl::Status s = ToTfStatus(SaveTable(resource->table(), options, &sink, &saved));
     if (!s.ok()) {
       env->DeleteFile(written).IgnoreError();
@@ -323,7 +332,7 @@ void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resourc
   }
   if (!generation_) {
     OP_REQUIRES_OK(ctx, env->RenameFile(written, path));
-    OP_REQUIRES_OK(ctx, SyncDirectory(dir));
+    if (sync_) OP_REQUIRES_OK(ctx, SyncDirectory(dir));
     // What killed saves of this file left (this package's older saves
     // wrote `<name>.tmp`).
     const std::string tmp = file_name + ".tmp";
@@ -362,6 +371,7 @@ class WriteManifestOp final : public tensorflow::OpKernel {
                 absl::InvalidArgumentError("unsupported value_dtype"));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &manifest_.dim));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("partitioner", &manifest_.partitioner));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sync", &sync_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -404,7 +414,7 @@ class WriteManifestOp final : public tensorflow::OpKernel {
       keep.insert(f.name);
     }
 
-    tensorflow::Env* env = CheckpointEnv();
+    tensorflow::Env* env = SaveEnv(sync_);
     const std::string path = JoinPath(dir, prefix + kManifestSuffix);
     // The generation this one replaces: its files go once the new one is in.
     Manifest old;
@@ -417,11 +427,11 @@ class WriteManifestOp final : public tensorflow::OpKernel {
     // The data files' directory entries first, then the manifest, aside,
     // synced, renamed: a crash before the rename leaves the old manifest,
     // after it the new one, never a manifest naming files a crash lost.
-    OP_REQUIRES_OK(ctx, SyncDirectory(dir));
+    if (sync_) OP_REQUIRES_OK(ctx, SyncDirectory(dir));
     const std::string tmp = path + ".tmp-" + save_id;
-    OP_REQUIRES_OK(ctx, WriteSynced(env, tmp, SerializeManifest(manifest)));
+    OP_REQUIRES_OK(ctx, WriteManifestFile(env, tmp, SerializeManifest(manifest), sync_));
     OP_REQUIRES_OK(ctx, env->RenameFile(tmp, path));
-    OP_REQUIRES_OK(ctx, SyncDirectory(dir));
+    if (sync_) OP_REQUIRES_OK(ctx, SyncDirectory(dir));
 
     std::set<std::string> old_files;
     if (have_old) {
@@ -438,6 +448,7 @@ class WriteManifestOp final : public tensorflow::OpKernel {
 
  private:
   Manifest manifest_;
+  bool sync_ = true;
 };
 
 // ---------------------------------------------------------------------------

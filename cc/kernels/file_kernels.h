@@ -37,6 +37,7 @@ class SaveToFileOp final : public TableOpKernel {
  private:
   SaveOptions options_;
   bool generation_ = false;
+  bool sync_ = true;
 };
 
 // DynembTableStageLoad: every check, and the rows loaded aside (see above).

@@ -73,6 +73,7 @@ REGISTER_OP("DynembTableSaveToFile")
     .Attr("num_shards: int >= 1 = 1")
     .Attr("routed: bool = false")
     .Attr("generation: bool = false")
+    .Attr("sync: bool = true")
     .SetIsStateful()
     .SetShapeFn(SaveToFileShape)
     .Doc(R"doc(
@@ -83,7 +84,9 @@ a data file of a generation that DynembWriteManifest commits; otherwise it is
 `dirpath/file_name` on its own, written aside and renamed into place.
 `file_entry` is the file's manifest line: "shard name bytes rows digest".
 `routed`: the table holds shard `shard_index` of `num_shards` as
-DynembPartition routes keys.
+DynembPartition routes keys. `sync` false: written through the page cache and
+not synced (a killed process still leaves whole files; a machine that stops
+may not).
 )doc");
 
 REGISTER_OP("DynembWriteManifest")
@@ -96,6 +99,7 @@ REGISTER_OP("DynembWriteManifest")
     .Attr("value_dtype: {float, double, half, bfloat16, int8, int32, int64, bool}")
     .Attr("dim: int >= 1")
     .Attr("partitioner: {'default', 'custom'} = 'default'")
+    .Attr("sync: bool = true")
     .SetIsStateful()
     .SetShapeFn(WriteManifestShape)
     .Doc(R"doc(

@@ -127,13 +127,16 @@ def new_save_id() -> tf.Tensor:
 # -- saving --------------------------------------------------------------------------------
 
 
-def save_table_file(table, dirpath: Any, file_name: str, chunk_rows: int) -> tf.Tensor:
+def save_table_file(
+    table, dirpath: Any, file_name: str, chunk_rows: int, sync: bool = True
+) -> tf.Tensor:
     """Saves `table` on its own as `dirpath/file_name`; returns the file's manifest
     entry (the op's output)."""
     save_id = new_save_id()
     with table._placement():
         return _ops.ops.dynemb_table_save_to_file(
-            table.resource_handle, dirpath, file_name, save_id, chunk_rows=chunk_rows
+            table.resource_handle, dirpath, file_name, save_id, chunk_rows=chunk_rows,
+            sync=bool(sync),
         )
 
 
@@ -147,6 +150,7 @@ def save_generation(
     routed: bool,
     stems: Optional[Sequence[str]] = None,
     save_id: Optional[tf.Tensor] = None,
+    sync: bool = True,
 ) -> tf.Tensor:
     """Saves `tables` (shard i of n each) as one generation of `prefix` in `dirpath`.
 
@@ -161,6 +165,9 @@ def save_generation(
         `default_partition_fn(key, n) == i` (the load then checks it).
       stems: per shard, the data file's name before `.<save id>.dynemb`.
       save_id: the save id (one op's output) to use; default a new one.
+      sync: sync every file and the directory before and after the manifest's
+        rename (a machine that stops cannot lose the save); False: through the page
+        cache, unsynced (a killed process still leaves one whole generation).
 
     Returns:
       The committed save id: a string tensor that is ready once the manifest is in
@@ -185,6 +192,7 @@ def save_generation(
                     num_shards=n,
                     routed=routed,
                     generation=True,
+                    sync=bool(sync),
                 )
             )
     with tf.device("/CPU:0"):
@@ -197,6 +205,7 @@ def save_generation(
             value_dtype=tables[0].value_dtype,
             dim=dim,
             partitioner="default" if routed else "custom",
+            sync=bool(sync),
         )
 
 

@@ -97,6 +97,7 @@ class TableContent:
         name: Optional[str] = None,
         *,
         chunk_rows: Optional[int] = None,
+        sync: bool = True,
     ):
         """Streams the table to the file `dirpath/file_name`, in chunks.
 
@@ -117,6 +118,11 @@ class TableContent:
           buffer_size: entries per chunk (TFRA's name for `chunk_rows`).
           name: a name for the operation.
           chunk_rows: entries per chunk (default 65536).
+          sync: sync the file and its directory to the storage before returning, so
+            that the machine stopping cannot lose the save either (local files are
+            then written with direct I/O). False: through the page cache, as before
+            manifests: a killed process still leaves a whole file, a machine that
+            stops may not.
 
         Returns:
           The save operation (None when executing eagerly).
@@ -136,7 +142,7 @@ class TableContent:
         dirpath = files.resolve_dirpath(dirpath, dirpath_env)
         file_name = self._file_name(file_name)
         with tf.name_scope(name or f"{self._name}_save_to_file"):
-            entry = files.save_table_file(self, dirpath, file_name, rows)
+            entry = files.save_table_file(self, dirpath, file_name, rows, sync=sync)
         return None if tf.executing_eagerly() else entry.op
 
     def load_from_file_system(

@@ -62,6 +62,7 @@ class VariableContent:
         *,
         file_name: Optional[str] = None,
         chunk_rows: Optional[int] = None,
+        sync: bool = True,
     ):
         """Streams every shard to `dirpath` as one generation (TFRA's arguments).
 
@@ -88,6 +89,12 @@ class VariableContent:
           name: a name for the operation.
           file_name: the prefix (default the variable's name).
           chunk_rows: entries per chunk (default 65536).
+          sync: sync every file and the directory to the storage around the
+            manifest's rename, so that the machine stopping cannot lose or mix saves
+            either (local files are then written with direct I/O). False: through the
+            page cache, unsynced: a killed process still leaves one whole generation,
+            a machine that stops may lose the newest save's files (a load then fails
+            with a DataLossError rather than load a mix).
 
         Returns:
           The save operation (None when executing eagerly).
@@ -102,7 +109,9 @@ class VariableContent:
         dirpath = files.resolve_dirpath(dirpath, dirpath_env)
         prefix = variable_files.prefix_of(self, file_name, proc_size, proc_rank)
         with tf.name_scope(name or f"{self._unique_name}_save_to_file"):
-            committed = variable_files.save(self, dirpath, prefix, rows, stems=file_name_list)
+            committed = variable_files.save(
+                self, dirpath, prefix, rows, stems=file_name_list, sync=sync
+            )
         return None if tf.executing_eagerly() else committed.op
 
     def load_from_file_system(

@@ -50,6 +50,7 @@ def save(
     chunk_rows: int,
     stems: Optional[Sequence[str]] = None,
     save_id: Optional[tf.Tensor] = None,
+    sync: bool = True,
 ) -> tf.Tensor:
     """Saves the variable as one generation of `prefix`; returns the committed save id."""
     stems = files.check_stems(stems, variable.shard_num, "file_name_list")
@@ -62,6 +63,7 @@ def save(
         routed=routes_by_default(variable),
         stems=stems,
         save_id=save_id,
+        sync=sync,
     )
 
 
