@@ -169,8 +169,12 @@ class FileSource : public ByteSource {
   }
 
   // The end came after `done` of `size` bytes: the end of the stream when
-  // nothing was read, else a truncation.
-  static Status Short(size_t done, size_t size, bool* eof) {
+  // nothing was read, else a truncation. The buffers go: a load may hold
+  // many read files open (a resharding shard reads every file of a save).
+  Status Short(size_t done, size_t size, bool* eof) {
+    std::vector<char>().swap(current_);
+    std::vector<char>().swap(ahead_buffer_);
+    pos_ = len_ = 0;
     if (done == 0) {
       *eof = true;
       return Status::Ok();
@@ -476,6 +480,8 @@ struct FileGroup {
 // What DynembTableStageLoad hands DynembTableCommitLoad.
 class StagedLoad : public tensorflow::ResourceBase {
  public:
+  // `groups`: the files an in-place commit reads again (none with a staged
+  // table, which holds everything the commit needs).
   StagedLoad(const TableResource* target, std::unique_ptr<Table> table,
              std::vector<FileGroup> groups, bool clear_first)
       : target_(target), table_(std::move(table)), groups_(std::move(groups)),
@@ -803,6 +809,8 @@ void StageLoadOp::Compute(OpKernelContext* ctx) {
   tensorflow::AllocatorAttributes host;
   host.set_on_host(true);
   OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle, host));
+  // A staged table holds all the commit needs: its files can close now.
+  if (staged != nullptr) groups.clear();
   handle->scalar<tensorflow::ResourceHandle>()() =
       tensorflow::ResourceHandle::MakeRefCountingHandle(
           new StagedLoad(resource.get(), std::move(staged), std::move(groups), clear_first_),
