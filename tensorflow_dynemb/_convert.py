@@ -146,3 +146,36 @@ def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DT
         with tf.control_dependencies([check]):
             values = tf.identity(values)
     return tf.reshape(values, [-1, dim])
+
+
+def flat_keyed(keys: tf.Tensor, tensor: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
+    """`tensor` converted to `dtype` and checked to be `keys.shape` (one entry per key,
+    like `exists`), as a vector.
+
+    Checked as `flat_rows` checks rows: a shape known to differ is an error before any
+    op runs; a shape known only at run time (a `tf.function` with unknown shapes) is
+    checked by an op the result depends on, before the flattening hides it (a
+    `[3, 1]` tensor has as many entries as `[3]` keys). The message starts with
+    "Expected shape".
+    """
+    tensor = convert(tensor, dtype, arg)
+    message = f"Expected shape {keys.shape} (keys.shape) for `{arg}`, got {tensor.shape}"
+    if not tensor.shape.is_compatible_with(keys.shape):
+        if tf.executing_eagerly():
+            raise tf.errors.InvalidArgumentError(None, None, message)
+        raise ValueError(message)
+    if not tensor.shape.is_fully_defined() or not keys.shape.is_fully_defined():
+        check = tf.debugging.assert_equal(
+            tf.size(tf.shape(tensor)), tf.size(tf.shape(keys)), message=message
+        )
+        with tf.control_dependencies([check]):
+            # Equal ranks first: assert_equal of two shapes of other ranks would fail
+            # on the comparison, not with this message.
+            same = tf.debugging.assert_equal(
+                tf.shape(tensor),
+                tf.reshape(tf.shape(keys), tf.shape(tf.shape(tensor))),
+                message=message,
+            )
+        with tf.control_dependencies([same]):
+            tensor = tf.identity(tensor)
+    return tf.reshape(tensor, [-1])

@@ -260,7 +260,7 @@ def test_a_record_claiming_more_rows_than_its_file_is_data_loss(table, tmp_path)
     # A damaged row count and a huge chunk_rows once sized the read buffer by the count.
     header = b"DYNEMB\x00\x01" + struct.pack("<IIIIq", 1, 1, 0, 0, 2)  # v1, int64, float32, dim 2
     (tmp_path / "t.dynemb").write_bytes(header + struct.pack("<Q", 2**62))
-    with pytest.raises(tf.errors.DataLossError, match="ended early"):
+    with pytest.raises(tf.errors.DataLossError, match="ends early"):
         table.load_from_file_system(str(tmp_path), file_name="t.dynemb", chunk_rows=2**62)
     assert_unchanged(table)
 
