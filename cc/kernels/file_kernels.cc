@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "cc/core/generation.h"
 #include "cc/core/table_io.h"
 #include "cc/kernels/direct_io.h"
@@ -28,7 +29,6 @@
 #include "tensorflow/core/framework/types.pb.h"
 #include "tensorflow/core/lib/io/path.h"
 #include "tensorflow/core/platform/env.h"
-#include "tensorflow/core/platform/mutex.h"
 
 namespace dynemb {
 
@@ -492,7 +492,7 @@ class StagedLoad : public tensorflow::ResourceBase {
   }
 
   absl::Status Commit(OpKernelContext* ctx, TableResource* resource) {
-    tensorflow::mutex_lock lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (resource != target_) {
       return absl::InvalidArgumentError(
           "staged must come from DynembTableStageLoad of the same table");
@@ -528,12 +528,12 @@ class StagedLoad : public tensorflow::ResourceBase {
   }
 
  private:
-  tensorflow::mutex mu_;
+  absl::Mutex mu_;
   const TableResource* const target_;
-  std::unique_ptr<Table> table_ TF_GUARDED_BY(mu_);
-  std::vector<FileGroup> groups_ TF_GUARDED_BY(mu_);
+  std::unique_ptr<Table> table_ ABSL_GUARDED_BY(mu_);
+  std::vector<FileGroup> groups_ ABSL_GUARDED_BY(mu_);
   const bool clear_first_;
-  bool committed_ TF_GUARDED_BY(mu_) = false;
+  bool committed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 std::string Describe(KeyType key, ValueType value, int64_t dim) {

@@ -79,7 +79,7 @@ absl::Status TableResource::NewStagingTable(int64_t, std::unique_ptr<Table>* out
 void TableResource::ReplaceTable(std::unique_ptr<Table> table) {
   std::unique_ptr<Table> old;
   {
-    tensorflow::mutex_lock lock(use_mu_);
+    absl::MutexLock lock(&use_mu_);
     Table* const incoming = table.get();
     old = SwapOwnedTable(std::move(table));
     table_ = incoming;

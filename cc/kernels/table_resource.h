@@ -12,14 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
-#include "tensorflow/core/platform/mutex.h"
-#include "tensorflow/core/platform/thread_annotations.h"
 
 namespace dynemb {
 
@@ -77,10 +77,10 @@ class TableResource : public tensorflow::ResourceBase {
   // at most one per resource.
   class TableUse {
    public:
-    explicit TableUse(const TableResource& resource) : lock_(resource.use_mu_) {}
+    explicit TableUse(const TableResource& resource) : lock_(&resource.use_mu_) {}
 
    private:
-    tensorflow::tf_shared_lock lock_;
+    absl::ReaderMutexLock lock_;
   };
 
   // The table; only while holding a TableUse of this resource.
@@ -125,8 +125,8 @@ class TableResource : public tensorflow::ResourceBase {
   virtual std::unique_ptr<Table> SwapOwnedTable(std::unique_ptr<Table> table) { return table; }
 
  private:
-  mutable tensorflow::mutex use_mu_;
-  Table* table_ TF_GUARDED_BY(use_mu_);
+  mutable absl::Mutex use_mu_;
+  Table* table_ ABSL_GUARDED_BY(use_mu_);
   const TableOptions options_;
   const tensorflow::DataType key_dtype_;
   const tensorflow::DataType value_dtype_;
