@@ -158,11 +158,11 @@
 //       state.
 //     - Tombstones. Remove and eviction append (stamp, key) to the shard's
 //       log under the lock they already hold. The log is bounded: when a
-//       shard's log passes max(64, shard keys / 4) entries its older half is
+//       shard's log passes max(64, shard keys / 2) entries its older half is
 //       dropped and `lost_below` rises past their stamps; the changes since a
 //       mark below it are then unknown and ExportChanges says so (the exporter
 //       then writes the whole table). Memory: 16 bytes per logged numeric key
-//       (plus the string), at most ~size/4 entries, and only as keys go.
+//       (plus the string), at most ~size/2 entries, and only as keys go.
 //     - Epochs. Clear (and so import and checkpoint restores) starts a new
 //       epoch: a mark of another epoch is unknown changes (the keys Clear
 //       removed have no tombstones). A table made by a staged load is a new
