@@ -7,7 +7,9 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, keras_clip, optimizer_name
+from tensorflow_dynemb.training.applier import (
+    SparseApplier, keras_clip, optimizer_name, views_to_train,
+)
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -39,7 +41,7 @@ class KerasWrapperMixin:
     def _apply_pairs(self, pairs, apply_dense) -> None:
         """Applies `(grad, var)` pairs: the sparse part here, the dense part through
         `apply_dense(dense_pairs)` (the inner optimizer, which advances `iterations`)."""
-        self._dynemb.create_slots([v for g, v in pairs if g is not None])
+        self._dynemb.create_slots(views_to_train(pairs))
         # The step the inner optimizer is about to apply.
         local_step = tf.cast(self.inner_optimizer.iterations, tf.float32) + 1.0
         dense, _ = self._dynemb.step(pairs, local_step, keras_clip(self.inner_optimizer))

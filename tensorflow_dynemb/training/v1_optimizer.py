@@ -6,7 +6,9 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tensorflow_dynemb.training.applier import SparseApplier, _in_graph, _no_clip, optimizer_name
+from tensorflow_dynemb.training.applier import (
+    SparseApplier, _in_graph, _no_clip, optimizer_name, views_to_train,
+)
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
 
@@ -34,7 +36,7 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         pairs = list(grads_and_vars)
-        shadows = [v for g, v in pairs if g is not None and rows_of(v) is not None]
+        shadows = views_to_train(pairs)
         if not shadows:  # nothing sparse: exactly the inner optimizer
             return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
         with tf.init_scope():  # long-lived state, also when traced in a tf.function
