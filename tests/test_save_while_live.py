@@ -12,10 +12,12 @@ each save, and serves the last SavedModel in one fresh process.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import traceback
 
 import numpy as np
 import pytest
@@ -105,20 +107,24 @@ class _LayerModule(tf.Module):
         return {"rows": self.layer(ids)}
 
 
-def test_table_module(tmp_path):
+# Each scenario works on its own object in `tmp_path`, checks the live values after
+# each save (plain asserts) and returns what its last SavedModel must serve in a fresh
+# process: `(export dir, input name, ids, expected output)`.
+
+
+def _table_module(tmp_path):
     module = _TableModule()
     _save(module, tmp_path / "before")
     np.testing.assert_array_equal(module.serve(IDS)["rows"], [[-1, -1]] * 3)
     module.insert(IDS[:2])
     _save(module, tmp_path / "between")
     module.insert(IDS[2:])
-    np.testing.assert_array_equal(module.serve(IDS)["rows"], [[1, 1], [2, 2], [7, 7]])
-    path = _save(module, tmp_path / "after")
-    assert _serve_fresh({"table": (path, "ids", IDS)}) == {"table": [[1, 1], [2, 2], [7, 7]]}
+    expected = [[1, 1], [2, 2], [7, 7]]
+    np.testing.assert_array_equal(module.serve(IDS)["rows"], expected)
+    return _save(module, tmp_path / "after"), "ids", IDS, expected
 
 
-@pytest.mark.parametrize("family", ["keras", "v1"])
-def test_ranker_saved_before_its_first_call(tmp_path, family):
+def _ranker_saved_before_its_first_call(tmp_path, family):
     """docs/serving.md's example: saved before the model was ever called."""
     optimizer = (tf.keras.optimizers.SGD(0.5) if family == "keras"
                  else tf.compat.v1.train.GradientDescentOptimizer(0.5))
@@ -139,20 +145,19 @@ def test_ranker_saved_before_its_first_call(tmp_path, family):
     np.testing.assert_allclose(model.serve(IDS)["rows"], expected, atol=1e-6)
     path = _save(model, tmp_path / "after", signatures)
     assert model.emb.size() == 3
-
-    served = _serve_fresh({"ranker": (path, "ids", IDS)})
-    np.testing.assert_allclose(served["ranker"], expected, atol=1e-6)
+    return path, "ids", IDS, expected
 
 
-def test_ranker_saved_between_a_first_serving_call_and_training(tmp_path):
+def _ranker_saved_between_a_first_serving_call_and_training(tmp_path):
     model = _Ranker(tf.keras.optimizers.SGD(1.0))
     initial = model.serve(IDS)["rows"].numpy()
     _save(model, tmp_path / "served_once", {"serving_default": model.serve})
-    model.train(IDS)  # first trace of `train` happens after the save traced it
+    model.train(IDS)  # the first trace of `train` comes after the save traced it
     np.testing.assert_allclose(model.serve(IDS)["rows"], initial - 1.0, atol=1e-6)
+    return None
 
 
-def test_module_serving_a_keras_layer(tmp_path):
+def _module_serving_a_keras_layer(tmp_path):
     module = _LayerModule()
     module.layer.build((None,))
     _save(module, tmp_path / "before", {"serving_default": module.serve})
@@ -161,12 +166,10 @@ def test_module_serving_a_keras_layer(tmp_path):
     module.layer.params.upsert(IDS[:1], tf.ones([1, 4]))
     live = module.serve(IDS)["rows"].numpy()
     np.testing.assert_array_equal(live[0], [1, 1, 1, 1])
-    path = _save(module, tmp_path / "after", {"serving_default": module.serve})
-    served = _serve_fresh({"layer": (path, "ids", IDS)})
-    np.testing.assert_allclose(served["layer"], live, atol=1e-6)
+    return _save(module, tmp_path / "after", {"serving_default": module.serve}), "ids", IDS, live
 
 
-def test_keras_model_saved_before_fit(tmp_path):
+def _keras_model_saved_before_fit(tmp_path):
     ids = tf.keras.Input(shape=(2,), dtype="int64", name="ids")
     rows = de.keras.layers.Embedding(
         4, name="user", initializer=tf.keras.initializers.RandomNormal(0.0, 0.01, seed=3)
@@ -192,12 +195,48 @@ def test_keras_model_saved_before_fit(tmp_path):
         model.export(path, verbose=False)
     else:
         _save(model, path)
-    served = _serve_fresh({"keras": (path, "ids", x)})
-    np.testing.assert_allclose(served["keras"], live, atol=1e-5)
+    return path, "ids", x, live
+
+
+SCENARIOS = {
+    "table_module": _table_module,
+    "ranker_keras_optimizer": functools.partial(_ranker_saved_before_its_first_call,
+                                                family="keras"),
+    "ranker_v1_optimizer": functools.partial(_ranker_saved_before_its_first_call, family="v1"),
+    "ranker_between_serving_and_training": _ranker_saved_between_a_first_serving_call_and_training,
+    "module_serving_a_keras_layer": _module_serving_a_keras_layer,
+    "keras_model_saved_before_fit": _keras_model_saved_before_fit,
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Runs every scenario, then serves their last SavedModels in one fresh process
+    (one TensorFlow start for all). `{name: (error traceback or None, expected, served)}`."""
+    failed, exports = {}, {}
+    for name, scenario in SCENARIOS.items():
+        try:
+            exports[name] = scenario(tmp_path_factory.mktemp(name))
+        except Exception:  # noqa: BLE001 - reported by the scenario's own test below
+            failed[name] = traceback.format_exc()
+    served = _serve_fresh({n: e[:3] for n, e in exports.items() if e is not None})
+    return {
+        name: (failed.get(name), None if exports.get(name) is None else exports[name][3],
+               served.get(name))
+        for name in SCENARIOS
+    }
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_saving_leaves_the_live_object_working_and_the_saved_model_serves(outcomes, name):
+    error, expected, served = outcomes[name]
+    assert error is None, error
+    if expected is not None:
+        np.testing.assert_allclose(served, expected, atol=1e-5)
 
 
 def _serve_fresh(exports):
-    """Serves each `{name: (dir, input name, ids)}` in one fresh process."""
+    """Serves each `{name: (dir, input name, ids)}` in one fresh process; `{name: output}`."""
     request = {name: (path, arg, np.asarray(ids).tolist()) for name, (path, arg, ids) in exports.items()}
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
