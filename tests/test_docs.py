@@ -35,9 +35,12 @@ TIMEOUT_S = 300
 
 # Runs the blocks of argv[1] (JSON: [[document, first line, code], ...]) in order, in one
 # namespace. Each block is compiled under the document's name with its code on the
-# document's own line numbers, so a traceback points into the markdown.
+# document's own line numbers, so a traceback points into the markdown. An example that
+# asks for a device a default process lacks (`/CPU:1`) fails: its shard would not be
+# where the text says.
 _RUNNER = """
-import json, sys
+import json, sys, warnings
+warnings.filterwarnings("error", message=r"(?s).*this process has no device")
 namespace = {"__name__": "__main__"}
 for document, line, code in json.loads(sys.argv[1]):
     exec(compile("\\n" * (line - 1) + code, document, "exec"), namespace)
