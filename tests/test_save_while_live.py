@@ -7,12 +7,14 @@ variables in its first trace only: whatever the live trace needs (trainable view
 optimizer slots) must be made by the save's trace too, or the next live call fails
 with "Creating variables on a non-first call to a function". Each case below saves
 before any call, between calls and after them, checks the live object's values after
-each save, and serves the last SavedModel in one fresh process.
+each save, and serves the last SavedModel in one fresh process (where the Keras model's
+case also runs under tf_keras).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,9 +34,12 @@ IDS = np.array([1, 2, 7], np.int64)
 
 # Loads each SavedModel of argv[1] (JSON: {name: [dir, input name, ids]}) after
 # `import tensorflow_dynemb`, serves its "serving_default" signature and prints
-# {name: output as a list}.
+# {name: output as a list}. With a directory argv[2], started with TF_USE_LEGACY_KERAS=1,
+# it also runs the Keras model's scenario there under tf_keras (the other Keras; here
+# because this process starts TensorFlow anyway) and serves its SavedModel:
+# {"tf_keras": [error traceback or None, served, live]}.
 _SERVE = """
-import json, sys
+import json, pathlib, sys, traceback
 import numpy as np
 import tensorflow as tf
 import tensorflow_dynemb  # registers the ops the tables use
@@ -45,6 +50,15 @@ for name, (path, arg, ids) in json.loads(sys.argv[1]).items():
     loaded = tf.saved_model.load(path)
     (output,) = loaded.signatures["serving_default"](**{arg: tf.constant(ids, tf.int64)}).values()
     served[name] = output.numpy().tolist()
+if len(sys.argv) > 2:
+    import test_save_while_live as scenarios  # this folder is the working directory
+    try:
+        path, arg, ids, live = scenarios._keras_model_saved_before_fit(pathlib.Path(sys.argv[2]))
+        loaded = tf.saved_model.load(path)
+        (output,) = loaded.signatures["serving_default"](**{arg: tf.constant(ids)}).values()
+        served["tf_keras"] = [None, output.numpy().tolist(), np.asarray(live).tolist()]
+    except Exception:
+        served["tf_keras"] = [traceback.format_exc(), None, None]
 print(json.dumps(served))
 """
 
@@ -219,28 +233,42 @@ def outcomes(tmp_path_factory):
             exports[name] = scenario(tmp_path_factory.mktemp(name))
         except Exception:  # noqa: BLE001 - reported by the scenario's own test below
             failed[name] = traceback.format_exc()
-    served = _serve_fresh({n: e[:3] for n, e in exports.items() if e is not None})
-    return {
+    tf_keras_dir = (
+        str(tmp_path_factory.mktemp("tf_keras")) if importlib.util.find_spec("tf_keras") else None
+    )
+    served = _serve_fresh({n: e[:3] for n, e in exports.items() if e is not None}, tf_keras_dir)
+    outcomes = {
         name: (failed.get(name), None if exports.get(name) is None else exports[name][3],
                served.get(name))
         for name in SCENARIOS
     }
+    if "tf_keras" in served:
+        error, served_output, live = served["tf_keras"]
+        outcomes["tf_keras_model_saved_before_fit"] = (error, live, served_output)
+    return outcomes
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("name", list(SCENARIOS) + ["tf_keras_model_saved_before_fit"])
 def test_saving_leaves_the_live_object_working_and_the_saved_model_serves(outcomes, name):
+    if name not in outcomes:
+        pytest.skip("tf_keras is not installed")
     error, expected, served = outcomes[name]
     assert error is None, error
     if expected is not None:
         np.testing.assert_allclose(served, expected, atol=1e-5)
 
 
-def _serve_fresh(exports):
-    """Serves each `{name: (dir, input name, ids)}` in one fresh process; `{name: output}`."""
+def _serve_fresh(exports, tf_keras_dir=None):
+    """Serves each `{name: (dir, input name, ids)}` in one fresh process; `{name: output}`
+    (and the tf_keras scenario's outcome, run in `tf_keras_dir` when given)."""
     request = {name: (path, arg, np.asarray(ids).tolist()) for name, (path, arg, ids) in exports.items()}
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    args = [json.dumps(request)]
+    if tf_keras_dir:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        args.append(tf_keras_dir)
     result = subprocess.run(
-        [sys.executable, "-c", _SERVE, json.dumps(request)],
+        [sys.executable, "-c", _SERVE, *args],
         capture_output=True, text=True, timeout=300, env=env, cwd=HERE,
     )
     assert result.returncode == 0, result.stderr[-4000:]
