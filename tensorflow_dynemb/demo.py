@@ -43,8 +43,8 @@ the end unless `--keep` is given; a `--workdir` of your own is kept.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
