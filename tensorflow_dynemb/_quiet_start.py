@@ -22,9 +22,19 @@ start only).
 from __future__ import annotations
 
 import os
-import runpy
 import sys
-import tempfile
+
+# Run by path, Python put this file's folder first on sys.path, where the package's own
+# `math/` and `keras/` would shadow the standard library's `math` (which `tempfile`
+# imports) and Keras: take it off before importing anything else. main() puts there what
+# `python -m` / `-c` would.
+_RUN_BY_PATH = bool(sys.path) and os.path.abspath(sys.path[0]) == os.path.dirname(
+    os.path.abspath(__file__))
+if _RUN_BY_PATH:
+    del sys.path[0]
+
+import runpy  # noqa: E402  (after the sys.path fix above)
+import tempfile  # noqa: E402
 
 USAGE = "usage: _quiet_start.py (-m MODULE | -c PROGRAM) [ARGS...]"
 
@@ -65,10 +75,8 @@ def main(argv) -> None:
     if len(argv) < 3 or argv[1] not in ("-m", "-c"):
         sys.exit(f"{USAGE}\ngot: {argv[1:]!r}")
     mode, target, args = argv[1], argv[2], argv[3:]
-    # Run by path, Python put this file's folder first on sys.path, where the package's
-    # own `keras/` would shadow Keras: put there what `python -m` / `-c` would.
-    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-        sys.path[0] = os.getcwd() if mode == "-m" else ""
+    if _RUN_BY_PATH:
+        sys.path.insert(0, os.getcwd() if mode == "-m" else "")
     start_tensorflow_quietly()
     if mode == "-m":
         sys.argv = [target] + args
