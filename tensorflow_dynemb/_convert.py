@@ -30,6 +30,13 @@ VALUE_DTYPES = (
 )
 
 
+class DTypeError(TypeError, ValueError):
+    """A tensor of another dtype than the table's (`convert`).
+
+    A `TypeError`, as API.md promises; also a `ValueError`, which is what TFRA raises
+    for a dtype mismatch, so that TFRA code catching `ValueError` keeps working."""
+
+
 def _is_tensor_like(value: Any) -> bool:
     """True for TF tensors, TF/Keras variables and other objects that carry a TF dtype."""
     if isinstance(value, (np.ndarray, np.generic)):
@@ -54,17 +61,21 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     A tensor (or variable) must already have `dtype`: it is never cast silently. Python
     lists, scalars and NumPy arrays are converted, unless the conversion would change a
     value (a float or string into an integer, an integer out of the range of `dtype`).
+
+    Raises:
+      DTypeError (a `TypeError` and a `ValueError`): `value` has another dtype.
+      ValueError: an integer out of the range of `dtype`.
     """
     if _is_tensor_like(value):
         try:
             received = tf.as_dtype(value.dtype)
         except TypeError as e:
-            raise TypeError(
+            raise DTypeError(
                 f"`{arg}` must be a tensor of dtype {dtype.name}; got {type(value).__name__} "
                 f"with dtype {value.dtype!r}."
             ) from e
         if received != dtype:
-            raise TypeError(
+            raise DTypeError(
                 f"`{arg}` must have dtype {dtype.name} (the table's dtype), "
                 f"got a tensor of dtype {received.name}."
             )
@@ -73,7 +84,7 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     array = np.asarray(value) if not isinstance(value, (str, bytes)) else None
     if array is not None and array.size > 0:
         if array.dtype.kind not in _accepted_numpy_kinds(dtype):
-            raise TypeError(
+            raise DTypeError(
                 f"`{arg}` must hold values convertible to {dtype.name} (the table's dtype), "
                 f"got {type(value).__name__} of NumPy dtype {array.dtype}."
             )
@@ -88,7 +99,7 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     try:
         return tf.convert_to_tensor(value, dtype=dtype, name=arg)
     except (TypeError, ValueError) as e:
-        raise TypeError(
+        raise DTypeError(
             f"`{arg}` could not be converted to {dtype.name} (the table's dtype): {e}"
         ) from e
 
