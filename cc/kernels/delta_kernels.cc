@@ -92,37 +92,42 @@ std::string DataName(uint64_t serial, uint64_t sequence, int32_t item, DeltaRole
 // Writing
 // ---------------------------------------------------------------------------
 
+// The inputs naming the file a writing op makes: dirpath, save_id,
+// base_serial, sequence and item, from input `first` on.
+struct GenerationInputs {
+  std::string dir, save_id;
+  int64_t serial = 0, sequence = 0, item = 0;
+};
+
+absl::Status ReadGenerationInputs(OpKernelContext* ctx, int first, GenerationInputs* in) {
+  TF_RETURN_IF_ERROR(ScalarInput(ctx, first, "dirpath", &in->dir));
+  TF_RETURN_IF_ERROR(ScalarInput(ctx, first + 1, "save_id", &in->save_id));
+  TF_RETURN_IF_ERROR(CheckSaveId(in->save_id));
+  TF_RETURN_IF_ERROR(ScalarInt(ctx, first + 2, "base_serial", &in->serial));
+  TF_RETURN_IF_ERROR(ScalarInt(ctx, first + 3, "sequence", &in->sequence));
+  TF_RETURN_IF_ERROR(ScalarInt(ctx, first + 4, "item", &in->item));
+  if (in->serial < 0 || in->sequence < 0 || in->item < 0 || in->item >= 10000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "base_serial and sequence must be >= 0 and item in [0, 10000), got ", in->serial, ", ",
+        in->sequence, ", ", in->item));
+  }
+  return absl::OkStatus();
+}
+
 class WriteChangesOp final : public TableOpKernel {
  public:
   explicit WriteChangesOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-    int64_t shard_index = 0, num_shards = 1;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &options_.chunk_rows));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("routed", &options_.routed));
+    OP_REQUIRES_OK(ctx, GetShardFileAttrs(ctx, &options_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sync", &sync_));
-    OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "shard_index must be in [0, num_shards), got shard_index ", shard_index,
-                    ", num_shards ", num_shards)));
-    options_.shard_index = static_cast<int32_t>(shard_index);
-    options_.num_shards = static_cast<int32_t>(num_shards);
   }
 
  protected:
   void ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) override {
-    std::string dir, save_id;
-    int64_t serial = 0, sequence = 0, item = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "dirpath", &dir));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, "save_id", &save_id));
-    OP_REQUIRES_OK(ctx, CheckSaveId(save_id));
-    OP_REQUIRES_OK(ctx, ScalarInt(ctx, 3, "base_serial", &serial));
-    OP_REQUIRES_OK(ctx, ScalarInt(ctx, 4, "sequence", &sequence));
-    OP_REQUIRES_OK(ctx, ScalarInt(ctx, 5, "item", &item));
-    OP_REQUIRES(ctx, serial >= 0 && sequence >= 0 && item >= 0 && item < 10000,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "base_serial and sequence must be >= 0 and item in [0, 10000), got ", serial,
-                    ", ", sequence, ", ", item)));
+    GenerationInputs in;
+    OP_REQUIRES_OK(ctx, ReadGenerationInputs(ctx, 1, &in));
+    const std::string& dir = in.dir;
+    const std::string& save_id = in.save_id;
+    const int64_t serial = in.serial, sequence = in.sequence, item = in.item;
     ChangeMark since;
     OP_REQUIRES_OK(ctx, GetMark(ctx->input(6), &since));
     const Tensor& full_t = ctx->input(7);
@@ -202,18 +207,11 @@ class SaveDenseOp final : public tensorflow::OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    std::string dir, save_id;
-    int64_t serial = 0, sequence = 0, item = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "dirpath", &dir));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "save_id", &save_id));
-    OP_REQUIRES_OK(ctx, CheckSaveId(save_id));
-    OP_REQUIRES_OK(ctx, ScalarInt(ctx, 2, "base_serial", &serial));
-    OP_REQUIRES_OK(ctx, ScalarInt(ctx, 3, "sequence", &sequence));
-    OP_REQUIRES_OK(ctx, ScalarInt(ctx, 4, "item", &item));
-    OP_REQUIRES(ctx, serial >= 0 && sequence >= 0 && item >= 0 && item < 10000,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "base_serial and sequence must be >= 0 and item in [0, 10000), got ", serial,
-                    ", ", sequence, ", ", item)));
+    GenerationInputs in;
+    OP_REQUIRES_OK(ctx, ReadGenerationInputs(ctx, 0, &in));
+    const std::string& dir = in.dir;
+    const std::string& save_id = in.save_id;
+    const int64_t serial = in.serial, sequence = in.sequence, item = in.item;
     const Tensor& value = ctx->input(5);
     OP_REQUIRES(ctx, value.NumElements() >= 1 && value.NumElements() <= kMaxDim,
                 absl::InvalidArgumentError(absl::StrCat(

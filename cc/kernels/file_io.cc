@@ -57,6 +57,22 @@ void DeleteOwned(tensorflow::Env* env, const std::string& dir,
   }
 }
 
+absl::Status GetShardFileAttrs(tensorflow::OpKernelConstruction* ctx, SaveOptions* options) {
+  int64_t shard_index = 0, num_shards = 1;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("chunk_rows", &options->chunk_rows));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("shard_index", &shard_index));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_shards", &num_shards));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("routed", &options->routed));
+  if (num_shards > INT32_MAX || shard_index >= num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard_index must be in [0, num_shards), got shard_index ", shard_index,
+        ", num_shards ", num_shards));
+  }
+  options->shard_index = static_cast<int32_t>(shard_index);
+  options->num_shards = static_cast<int32_t>(num_shards);
+  return absl::OkStatus();
+}
+
 absl::Status ScalarInput(OpKernelContext* ctx, int index, const char* what, std::string* out) {
   return ScalarString(ctx->input(index), what, out);
 }

@@ -194,6 +194,10 @@ absl::Status WriteManifestFile(tensorflow::Env* env, const std::string& path,
 void DeleteOwned(tensorflow::Env* env, const std::string& dir,
                  const std::function<bool(const std::string&)>& owned);
 
+// The attrs chunk_rows, shard_index, num_shards and routed of an op that writes
+// one shard's file, into *options (shard_index checked against num_shards).
+absl::Status GetShardFileAttrs(tensorflow::OpKernelConstruction* ctx, SaveOptions* options);
+
 // The string of scalar input `index`, named `what` in errors.
 absl::Status ScalarInput(tensorflow::OpKernelContext* ctx, int index, const char* what,
                          std::string* out);

@@ -42,19 +42,9 @@ using ::tensorflow::TensorShape;
 // Save
 // ---------------------------------------------------------------------------
 SaveToFileOp::SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-  int64_t shard_index = 0, num_shards = 1;
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &options_.chunk_rows));
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index));
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("routed", &options_.routed));
+  OP_REQUIRES_OK(ctx, GetShardFileAttrs(ctx, &options_));
   OP_REQUIRES_OK(ctx, ctx->GetAttr("generation", &generation_));
   OP_REQUIRES_OK(ctx, ctx->GetAttr("sync", &sync_));
-  OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
-              absl::InvalidArgumentError(absl::StrCat(
-                  "shard_index must be in [0, num_shards), got shard_index ", shard_index,
-                  ", num_shards ", num_shards)));
-  options_.shard_index = static_cast<int32_t>(shard_index);
-  options_.num_shards = static_cast<int32_t>(num_shards);
 }
 
 void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,

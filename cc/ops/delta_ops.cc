@@ -6,6 +6,7 @@
 // generations a model has not applied yet; DynembDeltaState says where a
 // directory stands.
 
+#include "cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -15,14 +16,6 @@ namespace {
 
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
-
-absl::Status Scalars(InferenceContext* c, int first, int last) {
-  for (int i = first; i <= last; ++i) {
-    ShapeHandle unused;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status WriteChangesShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(Scalars(c, 0, 5));
