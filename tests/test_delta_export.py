@@ -278,3 +278,26 @@ def test_writes_killed_at_random_moments_leave_whole_generations(tmp_path):
     named = {"delta-000001-%08d.dynemb-delta" % s for s in manifests(tmp_path)}
     named |= {f[3] for files in manifests(tmp_path).values() for f in files}
     assert sorted(os.listdir(tmp_path)) == sorted(named), (sorted(set(os.listdir(tmp_path)) - named), sorted(named - set(os.listdir(tmp_path))))
+
+
+def test_optimizer_slots_only_when_asked(tmp_path):
+    import keras
+
+    ids = keras.Input(shape=(1,), dtype="int64")
+    layer = de.keras.layers.Embedding(2, name="slotted")
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(layer(ids))))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1)),
+                  loss="mse", jit_compile=False)
+    model.fit(np.arange(8).reshape(8, 1), np.ones((8, 1)), verbose=0)
+
+    def table_lines(directory):
+        with open(os.path.join(directory, "delta-000001-00000000.dynemb-delta")) as f:
+            return [line.split()[1] for line in f if line.startswith("table ")]
+
+    de.DeltaExporter(model, str(tmp_path / "serving")).write()
+    de.DeltaExporter(model, str(tmp_path / "slots"), include_slots=True).write()
+    assert len(table_lines(tmp_path / "serving")) == 1
+    with_slots = table_lines(tmp_path / "slots")
+    assert len(with_slots) > 1 and table_lines(tmp_path / "serving")[0] in with_slots
+    slot_rows = [f[5] for f in manifests(tmp_path / "slots")[0] if f[0] == 1]
+    assert slot_rows == [8]  # the slot rows of the 8 keys trained
