@@ -189,7 +189,9 @@ def _split_by_recorded_content(with_files, merged_prefix):
     prefix = tf.get_static_value(merged_prefix)
     if prefix is None or not with_files:
         return with_files, {}
-    reader = tf.train.load_checkpoint(os.fsdecode(prefix))
+    # The reader itself, not tf.train.load_checkpoint: that takes a prefix its file
+    # system calls a directory (ram://, where any name prefix is one) for a folder.
+    reader = tf.compat.v1.train.NewCheckpointReader(os.fsdecode(prefix))
     files, inline = [], {}
     for name, obj in with_files:
         key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
