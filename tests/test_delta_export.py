@@ -301,3 +301,28 @@ def test_optimizer_slots_only_when_asked(tmp_path):
     assert len(with_slots) > 1 and table_lines(tmp_path / "serving")[0] in with_slots
     slot_rows = [f[5] for f in manifests(tmp_path / "slots")[0] if f[0] == 1]
     assert slot_rows == [8]  # the slot rows of the 8 keys trained
+    # Slot tables track no changes (training state): a delta writes them whole.
+    exporter = de.DeltaExporter(model, str(tmp_path / "slots"), include_slots=True)
+    model.fit(np.arange(8, 10).reshape(2, 1), np.ones((2, 1)), verbose=0)
+    exporter.write()
+    delta = manifests(tmp_path / "slots")[1]
+    tables = lambda files: {(f[0], f[1]) for f in files if f[1] != "dense"}  # noqa: E731
+    assert tables(delta) == {(0, "full"), (1, "full")}  # a new exporter
+    exporter.write()
+    delta = manifests(tmp_path / "slots")[2]
+    assert tables(delta) == {(0, "rows"), (0, "removed"), (1, "full")}
+    assert [f[5] for f in delta if f[0] == 1] == [10]
+
+
+def test_untracked_tables_are_written_whole(tmp_path):
+    emb = served_copy("emb", kv_creator=de.HashTableCreator(track_changes=False))
+    exporter = de.DeltaExporter(emb, str(tmp_path))
+    emb.upsert(np.arange(100), np.ones((100, 2), np.float32))
+    exporter.write()
+    emb.upsert([1], [[4.0, 4.0]])
+    emb.remove([2])
+    exporter.write()
+    assert roles(manifests(tmp_path)[1]) == {"full": 99}
+    served = served_copy("emb")
+    assert de.serving.DeltaUpdater(served, str(tmp_path)).apply() == 2
+    assert content(served) == content(emb)

@@ -137,7 +137,15 @@ class WriteChangesOp final : public TableOpKernel {
 
     Table& table = resource->table();
     ChangeMark until;
-    OP_REQUIRES_OK(ctx, ToTfStatus(table.Mark(&until)));
+    const Status marked = table.Mark(&until);
+    if (marked.code() == StatusCode::kFailedPrecondition) {
+      // A table that does not track changes (track_changes false, a GPU
+      // table) is written whole every time; its mark stays the zero mark.
+      full = true;
+      until = ChangeMark();
+    } else {
+      OP_REQUIRES_OK(ctx, ToTfStatus(marked));
+    }
     tensorflow::Env* env = SaveEnv(sync_);
     if (!env->IsDirectory(dir).ok()) OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(dir));
     SaveOptions options = options_;

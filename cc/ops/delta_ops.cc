@@ -88,7 +88,8 @@ changes of the window [since, until): the rows written in it (role `rows`, key |
 values) and the keys removed or evicted in it (role `removed`); when the table
 cannot tell (`since` of another epoch, tombstones dropped since, see
 cc/core/table.h), or with `full`, writes the whole table instead (role `full`,
-with scores) and sets `wrote_full`. Files are named by base_serial, sequence,
+with scores) and sets `wrote_full`; so it does for a table that does not track
+changes (made with track_changes false, or a GPU table), whose `until` is then 0, 0. Files are named by base_serial, sequence,
 item, role and shard_index, with the save id; they are synced with `sync`.
 entries: the manifest's file entries "role shard name bytes rows digest"; the
 second is "" for a full write.
