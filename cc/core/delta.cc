@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <sstream>
 
-#include "cc/core/crc32c.h"
 #include "cc/core/generation.h"
 #include "cc/core/table_io.h"
 
@@ -163,22 +162,13 @@ std::string SerializeDeltaManifest(const DeltaManifest& m) {
     out << "file " << f.item << " " << DeltaRoleName(f.role) << " " << f.shard << " " << f.name
         << " " << f.bytes << " " << f.rows << " " << Hex32(f.digest) << "\n";
   }
-  std::string text = out.str();
-  return text + "crc " + Hex32(Crc32c(text.data(), text.size())) + "\n";
+  return WithCrcLine(out.str());
 }
 
 Status ParseDeltaManifest(std::string_view text, DeltaManifest* out) {
-  // The last line holds the CRC of everything before it.
-  if (text.empty() || text.back() != '\n') return Damaged("it does not end with a line break");
-  const size_t last = text.rfind('\n', text.size() - 2);
-  const std::string_view body = last == std::string_view::npos ? "" : text.substr(0, last + 1);
-  const std::string crc_line(text.substr(body.size(), text.size() - body.size() - 1));
-  unsigned int crc = 0;
-  char tail = 0;
-  if (body.empty() || std::sscanf(crc_line.c_str(), "crc %8x%c", &crc, &tail) != 1) {
-    return Damaged("no checksum line");
-  }
-  if (crc != Crc32c(body.data(), body.size())) return Damaged("checksum mismatch");
+  std::string_view body;
+  const std::string wrong = SplitCrcLine(text, &body);
+  if (!wrong.empty()) return Damaged(wrong);
 
   DeltaManifest m;
   std::istringstream lines{std::string(body)};
@@ -238,12 +228,13 @@ Status ParseDeltaManifest(std::string_view text, DeltaManifest* out) {
     } else if (key == "file") {
       DeltaFile f;
       std::string role, digest;
+      unsigned int value = 0;
       if (!(fields >> f.item >> role >> f.shard >> f.name >> f.bytes >> f.rows >> digest) ||
           !ParseDeltaRole(role, &f.role) || digest.size() != 8 ||
-          std::sscanf(digest.c_str(), "%8x", &crc) != 1) {
+          std::sscanf(digest.c_str(), "%8x", &value) != 1) {
         return malformed();
       }
-      f.digest = crc;
+      f.digest = value;
       m.files.push_back(std::move(f));
     } else {
       return Damaged("an unknown line '" + line + "'");

@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "cc/core/crc32c.h"
 #include "cc/core/delta.h"
 #include "cc/core/generation.h"
 #include "cc/core/table_io.h"
@@ -339,10 +338,8 @@ class WriteDeltaManifestOp final : public tensorflow::OpKernel {
     for (int64_t i = 0; i < items.size(); ++i) absl::StrAppend(&text, items(i), "\n");
     for (int64_t i = 0; i < files.size(); ++i) absl::StrAppend(&text, "file ", files(i), "\n");
     // Through the parser: a manifest this op writes always reads back.
-    char crc[9];
-    std::snprintf(crc, sizeof(crc), "%08x", Crc32c(text.data(), text.size()));
     DeltaManifest manifest;
-    const Status parsed = ParseDeltaManifest(absl::StrCat(text, "crc ", crc, "\n"), &manifest);
+    const Status parsed = ParseDeltaManifest(WithCrcLine(text), &manifest);
     OP_REQUIRES(ctx, parsed.ok(),
                 absl::InvalidArgumentError(absl::StrCat(
                     "the delta manifest's items and files do not make a valid manifest: ",
