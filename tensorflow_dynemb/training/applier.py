@@ -110,6 +110,15 @@ class SparseApplier:
     def summed(parts: List[Tuple[TrainableRows, Any]]) -> SparseGradient:
         """One gradient row per distinct key from every lookup of one de.Variable."""
         rows, grad = parts[0]
+        if getattr(rows, "sums_per_row", False):
+            # Model-parallel views (distribute/model_parallel.py): the gradient has one
+            # row per (sender, id), the counts come from the view; several lookups of
+            # the step (or several views of the variable) may repeat an id.
+            summed = [view.consume_distinct(g) for view, g in parts]
+            if len(summed) == 1 and rows.holds_one_lookup():
+                return SparseGradient(rows.params, *summed[0])
+            fields = [tf.concat([s[i] for s in summed], 0) for i in range(5)]
+            return _sum_by_key(rows.params, *fields)
         if len(parts) == 1 and isinstance(grad, tf.IndexedSlices) and rows.holds_one_lookup():
             # The common case (one lookup of the variable in the step): the buffer's
             # ids are already distinct and in first-occurrence order, which is the
@@ -134,6 +143,15 @@ class SparseApplier:
         context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
         if context is None or context.num_replicas_in_sync == 1 or not sparse:
             return self.apply(sparse, step)
+        # Model-parallel variables (MultiWorkerMirroredStrategy): each worker's gradient
+        # already sums every worker's contribution to the ids it owns (the exchange's
+        # gradient, distribute/model_parallel.py); each owner applies it to its own
+        # slice, with no merge.
+        local = [update for update in sparse if update.params.worker_group is not None]
+        sparse = [update for update in sparse if update.params.worker_group is None]
+        writes = self.apply(local, step) if local else []
+        if not sparse:
+            return writes
         params = [update.params for update in sparse]
         tensors = [tuple(update)[1:] for update in sparse]
 
@@ -149,7 +167,7 @@ class SparseApplier:
             self.apply(merged, StepNumbers(*first))
 
         context.merge_call(merge, args=(tensors, step))
-        return []
+        return writes
 
     def apply(self, sparse: List[SparseGradient], step: StepNumbers) -> List[Any]:
         """Updates the rows and slots of every `SparseGradient` (under gradient

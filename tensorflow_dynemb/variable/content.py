@@ -180,10 +180,11 @@ class VariableContent:
             check = tf.debugging.assert_equal(tf.shape(values)[-1], self._dim, message=message)
             with tf.control_dependencies([check]):
                 values = tf.identity(values)
+        # A model-parallel variable keeps its own slice of the content (`_owned`).
         if scores is None:
-            shards = [(k, v, None) for k, v in self._route(keys, values)[0]]
+            shards = [(k, v, None) for k, v in self._route(*self._owned(keys, values))[0]]
         else:
-            shards, _ = self._route(keys, values, scores)
+            shards, _ = self._route(*self._owned(keys, values, scores))
         return self._group(
             [
                 table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore")
