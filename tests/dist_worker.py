@@ -156,7 +156,7 @@ def tf1_train(args):
     for name, var in (("emb", model.emb), ("counter", model.counter)):
         result["placement"][name] = [t.resource_handle.device for t in var.tables]
     result["view_devices"] = [
-        v.device for v in tf.compat.v1.trainable_variables() if "TrainableWrapper" in v.name
+        view.device for var in (model.emb, model.counter) for view in var.trainable_store.values()
     ]
     losses = []
     done = 0

@@ -182,6 +182,48 @@ def fit_matches_dense(workdir):
 
 
 @scenario
+def tf1_optimizer(workdir):
+    """compile(de.DynamicEmbeddingOptimizer(tf.compat.v1.train optimizer)) + fit, as
+    TFRA's `EmbeddingLayerTest::test_backward` does: tf_keras wraps the optimizer in its
+    TFOptimizer, which the layer sees through. GradientDescent trains as it trains a
+    stock Embedding; Adam gives every id seen a row. (Keras 3 takes no TF1 optimizers.)"""
+    if IS_KERAS3:
+        return {}
+    vocab = np.unique(IDS)
+    layer = layers.Embedding(DIM, initializer=initializer(), name="tf1_sgd")
+    model = embedding_model(layer)
+    model.compile(
+        optimizer=de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1)),
+        loss="mse",
+    )
+    reference, ref_embedding = dense_reference(model, layer, vocab)
+    reference.compile(optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1), loss="mse")
+    losses = fit_losses(model, IDS, LABELS)
+    ref_losses = fit_losses(reference, indices(IDS, vocab), LABELS)
+
+    adam_layer = layers.Embedding(DIM, initializer=initializer(), name="tf1_adam")
+    adam_model = embedding_model(adam_layer)
+    adam_model.compile(
+        optimizer=de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(1e-3)),
+        loss="mse",
+    )
+    sizes = []
+    for step in range(1, 4):
+        ids = np.arange(10 * step, 10 * step + 8, dtype=np.int64).reshape(4, 2)
+        adam_model.fit(ids, LABELS, verbose=0)
+        sizes.append(int(adam_layer.params.size()))
+    return {
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "rows": layer.params.lookup(vocab).numpy().tolist(),
+        "ref_rows": ref_embedding.get_weights()[0].tolist(),
+        "adam_sizes": sizes,
+        "adam_slots": [int(s.size()) for s in adam_layer.params.get_slot_variables(
+            adam_model.optimizer.optimizer)],
+    }
+
+
+@scenario
 def shared_layer(workdir):
     """One layer called on two inputs in each step trains the rows of both, as a shared
     stock Embedding does."""

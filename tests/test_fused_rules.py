@@ -27,6 +27,8 @@ FUSED_CASES = {
     "tf_keras-sgd-piecewise-schedule", "tf_keras-adam", "tf_keras-adamw", "tf_keras-adagrad",
     "tf_keras-adam-adaptive-epsilon",
     "legacy-sgd-nesterov", "legacy-sgd-momentum-decay", "legacy-adam", "legacy-adagrad",
+    "tf_legacy_keras-sgd-nesterov", "tf_legacy_keras-sgd-momentum-decay",
+    "tf_legacy_keras-adam", "tf_legacy_keras-adagrad",
     "tf1-momentum", "tf1-momentum-nesterov", "tf1-adam",
 }
 STEPS = 4

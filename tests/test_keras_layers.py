@@ -123,6 +123,15 @@ def test_fit_with_optimizer_name_matches_dense_embedding(flavor, shards):
     assert got["size"] == got["size_after"] == got["distinct"]
 
 
+def test_compile_with_a_wrapped_tf1_optimizer():
+    """tf_keras only: Keras 3 takes no tf.compat.v1.train optimizers."""
+    got = result("tf1_optimizer", "tf_keras")
+    close(got["losses"], got["ref_losses"], rtol=1e-5)
+    close(got["rows"], got["ref_rows"], rtol=1e-5, atol=1e-6)
+    assert got["adam_sizes"] == [8, 16, 24]
+    assert got["adam_slots"] == [24, 24]  # Adam's m and v
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_layer_shared_by_two_inputs_trains_both(flavor):
     got = result("shared_layer", flavor)

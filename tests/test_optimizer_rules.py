@@ -10,6 +10,7 @@ the rule cannot rely on the optimizer having been built.
 
 from __future__ import annotations
 
+import types
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -42,8 +43,26 @@ def family_module(family):
         return pytest.importorskip("tf_keras").optimizers
     if family == "legacy":
         return pytest.importorskip("tf_keras").optimizers.legacy
+    if family == "tf_legacy_keras":
+        return tf_legacy_keras_optimizers()
     assert family == "tf1"
     return tf.compat.v1.train
+
+
+def tf_legacy_keras_optimizers():
+    """The OptimizerV2 classes of the Keras inside TensorFlow (`tensorflow.python.keras`,
+    which TFRA's tests use) as one namespace, like `tf_keras.optimizers.legacy`."""
+    optimizer_v2 = pytest.importorskip("tensorflow.python.keras.optimizer_v2")
+    from tensorflow.python.keras.optimizer_v2 import (  # noqa: PLC0415
+        adadelta, adagrad, adam, adamax, ftrl, gradient_descent, nadam, rmsprop,
+    )
+
+    return types.SimpleNamespace(
+        SGD=gradient_descent.SGD, Adam=adam.Adam, NonFusedAdam=adam.NonFusedAdam,
+        Adagrad=adagrad.Adagrad, RMSprop=rmsprop.RMSprop, Adadelta=adadelta.Adadelta,
+        Adamax=adamax.Adamax, Nadam=nadam.Nadam, Ftrl=ftrl.Ftrl,
+        schedules=optimizer_v2.learning_rate_schedule,
+    )
 
 
 class Case(NamedTuple):
@@ -126,6 +145,14 @@ LEGACY = [
     ),
 ]
 
+# The Keras inside TensorFlow: tf_keras' legacy optimizers are a copy of these.
+TF_LEGACY_KERAS = [
+    (name, make) for name, make in LEGACY if name != "adam-amsgrad-schedule"
+] + [
+    ("adam-amsgrad-schedule", lambda o: o.Adam(
+        o.schedules.ExponentialDecay(0.1, 2, 0.5), amsgrad=True)),
+]
+
 TF1 = [
     ("gradient-descent-callable-lr", lambda o: o.GradientDescentOptimizer(lambda: 0.1)),
     ("momentum", lambda o: o.MomentumOptimizer(0.1, 0.9)),
@@ -150,6 +177,18 @@ TF1 = [
         "proximal-adagrad-l2",
         lambda o: o.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.02),
     ),
+    ("proximal-gradient-descent", lambda o: o.ProximalGradientDescentOptimizer(
+        0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02)),
+    (
+        "proximal-gradient-descent-l2",
+        lambda o: o.ProximalGradientDescentOptimizer(0.1, l2_regularization_strength=0.02),
+    ),
+    # AdagradDA's step is its global_step + 1 (here 3 in every step).
+    ("adagrad-da", lambda o: o.AdagradDAOptimizer(
+        0.1, tf.constant(2, tf.int64), initial_gradient_squared_accumulator_value=0.2,
+        l1_regularization_strength=0.01, l2_regularization_strength=0.02)),
+    ("adagrad-da-l2", lambda o: o.AdagradDAOptimizer(
+        0.1, tf.constant(2, tf.int64), l2_regularization_strength=0.02)),
 ]
 
 CASES = (
@@ -162,6 +201,7 @@ CASES = (
         )
     ]
     + [Case("legacy", name, make) for name, make in LEGACY]
+    + [Case("tf_legacy_keras", name, make) for name, make in TF_LEGACY_KERAS]
     + [Case("tf1", name, make) for name, make in TF1]
 )
 
@@ -268,6 +308,14 @@ def test_nonfused_legacy_adam():
     legacy_adam = pytest.importorskip("tf_keras.src.optimizers.legacy.adam")
     case = Case("legacy", "nonfused-adam", lambda o: legacy_adam.NonFusedAdam(0.1, amsgrad=True))
     check_case(case, 4, tf.float32)
+
+
+def test_nonfused_tf_legacy_keras_adam():
+    """TF's own NonFusedAdam, on its sparse path (an embedding's gradient): its dense
+    path divides by sqrt(v) - epsilon, a bug its tf_keras copy fixed."""
+    case = Case("tf_legacy_keras", "nonfused-adam", lambda o: o.NonFusedAdam(0.1, amsgrad=True))
+    for dim in (1, 4):
+        check_case(case, dim, tf.float32, sparse=True)
 
 
 def test_many_steps_nadam_product():
@@ -443,12 +491,19 @@ def test_missing_slot_rows():
         rule.apply(rows, tf.ones([2, 3]), {"m": tf.zeros([2, 3])}, rule.step_values(1.0))
 
 
+class OwnOptimizer(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer of the user's own, which no rule reproduces."""
+
+    def __init__(self):
+        super().__init__(use_locking=False, name="Own")
+
+
 def test_unsupported_optimizer():
     keras = pytest.importorskip("keras")
     with pytest.raises(TypeError, match=r"keras\.src\.optimizers\.lion\.Lion.*Supported:.*Adam"):
         get_rule(keras.optimizers.Lion())
-    with pytest.raises(TypeError, match="ProximalGradientDescentOptimizer"):
-        get_rule(tf.compat.v1.train.ProximalGradientDescentOptimizer(0.1))
+    with pytest.raises(TypeError, match="OwnOptimizer"):
+        get_rule(OwnOptimizer())
     with pytest.raises(TypeError, match="builtins.object"):
         get_rule(object())
 

@@ -174,7 +174,6 @@ def test_unsupported_dtypes(key_dtype, value_dtype, match):
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        (dict(init_capacity=10, max_capacity=5), ValueError, r"init_capacity.*<=.*10.*5"),
         (dict(init_capacity=0, max_capacity=5), ValueError, r"init_capacity.*>= 1.*0"),
         (dict(init_capacity=1, max_capacity=-3), ValueError, r"max_capacity.*>= 1.*-3"),
         (dict(init_capacity=1.5, max_capacity=5), TypeError, r"init_capacity.*integer.*1.5"),
@@ -195,7 +194,6 @@ def test_bad_hkv_arguments(kwargs, error, match):
 @pytest.mark.parametrize(
     "config_kwargs,error,match",
     [
-        (dict(init_capacity=64, max_capacity=8), ValueError, r"init_capacity.*max_capacity"),
         (dict(max_capacity=0), ValueError, "max_capacity"),
         (dict(evict_strategy="most_recent"), ValueError, "evict_strategy"),
     ],
@@ -203,6 +201,27 @@ def test_bad_hkv_arguments(kwargs, error, match):
 def test_bad_hkv_config(config_kwargs, error, match):
     with pytest.raises(error, match=match):
         de.HkvHashTable(tf.int64, tf.float32, 0.0, config=de.HkvHashTableConfig(**config_kwargs))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: de.HkvHashTable(tf.int64, tf.float32, 0.0, max_capacity=99_999),
+        lambda: de.HkvHashTable(tf.int64, tf.float32, 0.0, init_capacity=64, max_capacity=8),
+        lambda: de.HkvHashTable(
+            tf.int64, tf.float32, 0.0, config=de.HkvHashTableConfig(max_capacity=99_999)
+        ),
+    ],
+    ids=["default-init", "larger-init", "config"],
+)
+def test_init_capacity_above_max_capacity_is_clamped_as_in_tfra(make):
+    """TFRA takes min(init_capacity, max_capacity), so a small max_capacity alone (with
+    the default init_capacity, 1,048,576) is a valid table."""
+    table = make()
+    assert table.init_capacity == table.max_capacity
+    keys = tf.range(table.max_capacity + 5, dtype=tf.int64)
+    table.insert(keys, tf.zeros([table.max_capacity + 5]))
+    assert int(table.size()) == table.max_capacity
 
 
 def test_init_capacity_beyond_the_machines_memory_is_an_error():

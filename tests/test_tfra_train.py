@@ -192,6 +192,7 @@ def test_warm_start_errors(tmp_path):
 
 def test_warm_start_asks_to_choose_between_candidates(tmp_path):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        tf.constant(0, name="twin")  # takes the name: both variables get suffixed ones
         first = de.get_variable("twin", dim=1)
         with tf.compat.v1.variable_scope("", reuse=False):
             second = de.Variable(dim=1, name="twin")  # a second one of the same name
@@ -200,12 +201,27 @@ def test_warm_start_asks_to_choose_between_candidates(tmp_path):
         prefix = tf.compat.v1.train.Saver().save(sess, os.path.join(tmp_path, "ckpt"))
         saved = [name for name, _ in tf.train.list_variables(prefix)]
         names = sorted(n[: -len("-keys")] for n in saved if n.endswith("-keys"))
+    assert len(names) == 2 and "twin" not in names
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         emb = de.get_variable("twin", dim=1)
         with pytest.raises(ValueError, match="several candidates"):
             de.warm_start(prefix, [emb])
         sess.run(de.warm_start(prefix, [emb], {"twin": names[1]}))
         assert sess.run(emb.export())[0].tolist() == [2]
+
+
+def test_warm_start_prefers_the_exact_name(tmp_path):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        first = de.get_variable("twin", dim=1)
+        with tf.compat.v1.variable_scope("", reuse=False):
+            second = de.Variable(dim=1, name="twin")  # saved as twin_1
+        sess.run([first.upsert(tf.constant([1], tf.int64), [[1.0]]),
+                  second.upsert(tf.constant([2], tf.int64), [[2.0]])])
+        prefix = tf.compat.v1.train.Saver().save(sess, os.path.join(tmp_path, "ckpt"))
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        emb = de.get_variable("twin", dim=1)
+        sess.run(de.warm_start(prefix, [emb]))
+        assert sess.run(emb.export())[0].tolist() == [1]
 
 
 def test_docstring_examples():

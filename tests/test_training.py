@@ -128,6 +128,17 @@ def tf1_optimizers() -> Dict[str, Callable[[], object]]:
             l1_regularization_strength=0.01,
             l2_regularization_strength=0.02,
         ),
+        "ProximalGradientDescent": lambda: V1.ProximalGradientDescentOptimizer(
+            0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02
+        ),
+        # Its step is its global_step + 1: 3 here, in every step.
+        "AdagradDA": lambda: V1.AdagradDAOptimizer(
+            0.2,
+            tf.constant(2, tf.int64),
+            initial_gradient_squared_accumulator_value=0.2,
+            l1_regularization_strength=0.01,
+            l2_regularization_strength=0.02,
+        ),
     }
 
 
@@ -766,14 +777,18 @@ def test_non_floating_variable_is_not_trainable():
         de.embedding_lookup(var, tf.constant([1], tf.int64), return_trainable=True)
 
 
+class OwnTF1Optimizer(V1.Optimizer):
+    """A TF1 optimizer of the user's own, which no rule reproduces."""
+
+
 @pytest.mark.parametrize(
     "make_optimizer, class_name",
     [
         (lambda: K3.Lion(0.1), "Lion"),
-        (lambda: V1.ProximalGradientDescentOptimizer(0.1), "ProximalGradientDescentOptimizer"),
+        (lambda: OwnTF1Optimizer(use_locking=False, name="Own"), "OwnTF1Optimizer"),
         (lambda: object(), "object"),
     ],
-    ids=["keras3-Lion", "tf1-ProximalGradientDescent", "not-an-optimizer"],
+    ids=["keras3-Lion", "tf1-own-optimizer", "not-an-optimizer"],
 )
 def test_unsupported_optimizer_is_named(make_optimizer, class_name):
     with pytest.raises(TypeError, match=class_name):

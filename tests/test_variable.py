@@ -280,8 +280,14 @@ def test_random_normal_initializer_statistics():
         (tf.keras.initializers.TruncatedNormal(0.0, 1.0), lambda r: np.abs(r).max() <= 2.0),
         (tf.random_uniform_initializer(1.0, 2.0), lambda r: 1.0 <= r.min() and r.max() < 2.0),
         (tf.compat.v1.truncated_normal_initializer(0.0, 0.1), lambda r: np.abs(r).max() <= 0.2),
+        # maxval=None (its default) is 1, as in tf.random.uniform.
+        (tf.compat.v1.random_uniform_initializer(), lambda r: 0.0 <= r.min() and r.max() < 1.0
+         and r.max() > 0.99),
+        (tf.compat.v1.random_uniform_initializer(-2.0), lambda r: -2.0 <= r.min() < -1.99
+         and r.max() < 1.0),
     ],
-    ids=["keras-uniform", "keras-truncated", "tf-uniform", "v1-truncated"],
+    ids=["keras-uniform", "keras-truncated", "tf-uniform", "v1-truncated", "v1-uniform-default",
+         "v1-uniform-minval"],
 )
 def test_random_initializers_draw_per_key(initializer, check):
     var = make_variable(dim=6, shards=2, initializer=initializer)
@@ -406,11 +412,39 @@ def test_seeded_initializer_depends_only_on_seed_and_key():
     np.testing.assert_allclose(one[0], pinned_key3, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "value_dtype, initializer, expected",
+    [
+        (tf.float32, [1.5], [1.5, 1.5, 1.5]),
+        (tf.float32, tf.constant([[-1.0]]), [-1.0, -1.0, -1.0]),
+        (tf.float32, [[1.0], [2.0], [3.0]], [1.0, 2.0, 3.0]),
+        (tf.int32, np.array([-1], np.int64), [-1, -1, -1]),
+        (tf.int32, tf.constant([7, 8, 9], tf.int64), [7, 8, 9]),
+        (tf.int32, 0.1, [0, 0, 0]),
+        (tf.int64, -2.7, [-2, -2, -2]),
+        (tf.float32, tf.constant(2, tf.int32), [2.0, 2.0, 2.0]),
+        (tf.float64, 0.1, [0.1, 0.1, 0.1]),
+        (tf.int32, tf.compat.v1.constant_initializer(0.9), [0, 0, 0]),
+    ],
+    ids=["one-element-list", "one-element-tensor", "column", "int64-array-int32-rows",
+         "int64-tensor-int32-rows", "float-int32-rows", "float-int64-rows",
+         "int-tensor-float-rows", "float64-exact", "v1-constant-int-rows"],
+)
+def test_initializer_values_convert_as_tfra(value_dtype, initializer, expected):
+    """One element broadcasts to [dim], dim elements in any shape make the row, and a
+    value of another dtype is cast (tf.cast: 0.1 -> 0 for int rows), as TFRA converts
+    initializers; a value that fits the dtype converts exactly (0.1 stays float64's)."""
+    var = make_variable(value_dtype=value_dtype, dim=3, initializer=initializer)
+    got = var.lookup(tf.constant([5, 6], tf.int64)).numpy()
+    np.testing.assert_array_equal(got, np.array([expected] * 2, value_dtype.as_numpy_dtype))
+
+
 def test_initializer_of_wrong_shape_or_dtype_is_rejected():
-    with pytest.raises(ValueError, match=r"\[dim\]"):
+    # TFRA would fill the row with the first element: a mistake more likely than a wish.
+    with pytest.raises(ValueError, match=r"\[dim\] = \[3\]"):
         make_variable(dim=3, initializer=[1.0, 2.0])
-    with pytest.raises(TypeError, match="initializer"):
-        make_variable(dim=2, initializer=tf.constant([1, 2], tf.int32))
+    with pytest.raises(TypeError, match="initializer.*string"):
+        make_variable(dim=2, initializer="zero")
 
 
 # ----------------------------------------------------------------------------------------
@@ -431,7 +465,8 @@ def test_get_variable_follows_variable_scope_reuse_in_graphs():
         with tf.compat.v1.variable_scope("tower"):
             a = de.get_variable("emb", dim=2)
             assert a.name == "tower/emb"
-            with pytest.raises(ValueError, match="already exists"):
+            # TFRA's wording, which its tests match.
+            with pytest.raises(ValueError, match="Variable tower/emb already exists, disallowed"):
                 de.get_variable("emb", dim=2)
         with tf.compat.v1.variable_scope("tower", reuse=True):
             assert de.get_variable("emb", dim=2) is a

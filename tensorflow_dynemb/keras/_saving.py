@@ -174,9 +174,9 @@ class SlotTablesSaving:
             self._dynemb_slot_tables = holder
         return holder.tables
 
-    def _apply_pairs(self, pairs, apply_dense) -> None:
+    def _apply_pairs(self, pairs, apply_dense):
         # Create this step's slots first, so that contents waiting since a load are in
         # place before the step reads them.
         self._dynemb.create_slots([v for g, v in pairs if g is not None])
         self.dynamic_embedding_slots.restore_pending()
-        super()._apply_pairs(pairs, apply_dense)
+        return super()._apply_pairs(pairs, apply_dense)

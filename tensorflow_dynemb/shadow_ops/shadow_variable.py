@@ -257,8 +257,8 @@ class _ShadowRows(TrainableRows):
         self._shadow = shadow
         super().__init__(shadow.params, shadow._view_name)
 
-    def _create_buffers(self, initial_rows, device) -> None:
-        del initial_rows, device  # the shadow owns its buffers
+    def _create_buffers(self, initial_rows, device, name, ids) -> None:
+        del initial_rows, device, name, ids  # the shadow owns its buffers
         self.variable, self.ids, self.exists = self._shadow, self._shadow.ids, self._shadow.exists
 
     def _read_rows(self) -> tf.Tensor:

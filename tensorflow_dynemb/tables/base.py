@@ -16,7 +16,14 @@ from typing import Any, Dict, Optional, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb import _export_context, _ops
-from tensorflow_dynemb.persistence.checkpoint import in_tf1_graph, register_for_tf1_saver
+from tensorflow_dynemb.persistence.checkpoint import (
+    CKPT_KEYS,
+    CKPT_SCORES,
+    CKPT_VALUES,
+    in_tf1_graph,
+    register_for_tf1_saver,
+)
+from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb.tables.content import TableContent
 from tensorflow_dynemb._convert import (
     KEY_DTYPES,
@@ -30,7 +37,7 @@ from tensorflow_dynemb._convert import (
 
 
 
-class _DynembTable(TableContent, tf.saved_model.experimental.TrackableResource):
+class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.TrackableResource):
     """Base class of every dynamic-embedding table: all methods live here.
 
     Subclasses only decide the creation attributes (`_table_attrs`) they pass to the
@@ -88,6 +95,18 @@ class _DynembTable(TableContent, tf.saved_model.experimental.TrackableResource):
         if self._checkpoint and in_tf1_graph():
             # Named by the (graph-unique) op name.
             register_for_tf1_saver(self, self._resource_handle.op.name)
+
+    # -- a TF1 Saver given the table in `var_list` (persistence/tf1_saver.py) -----------------
+
+    def _tf1_saver_name(self) -> str:
+        # The op name, as `register_for_tf1_saver` names it (graph-unique).
+        return self._resource_handle.op.name if in_tf1_graph() else self._name
+
+    def _tf1_saver_tensors(self) -> Dict[str, tf.Tensor]:
+        # Also with `checkpoint=False`: a de.Variable's shard tables are made so (the
+        # variable checkpoints their content), and listing a table asks to save it.
+        keys, values, scores = self.export_with_scores(name=f"{self._name}_checkpoint_export")
+        return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
 
     # -- resource ------------------------------------------------------------------------
 

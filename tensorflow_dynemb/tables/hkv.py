@@ -69,8 +69,9 @@ class HkvHashTableConfig:
     """Configuration of an `HkvHashTable` (its values override the table's arguments).
 
     Attributes:
-      init_capacity: keys to reserve room for up front (>= 1).
-      max_capacity: the most keys the table holds (>= init_capacity).
+      init_capacity: keys to reserve room for up front (>= 1; more than max_capacity
+        means max_capacity, as in TFRA).
+      max_capacity: the most keys the table holds.
       max_hbm_for_values: device-memory budget for values on GPU, in bytes; ignored on
         CPU.
       evict_strategy: an `HkvEvictStrategy`.
@@ -95,11 +96,9 @@ class HkvHashTableConfig:
             self.init_capacity, "HkvHashTableConfig.init_capacity", 1
         )
         self.max_capacity = check_int(self.max_capacity, "HkvHashTableConfig.max_capacity", 1)
-        if self.init_capacity > self.max_capacity:
-            raise ValueError(
-                "`HkvHashTableConfig.init_capacity` must be <= `max_capacity`, got "
-                f"init_capacity={self.init_capacity}, max_capacity={self.max_capacity}."
-            )
+        # As TFRA does (its tables take min(init_capacity, max_capacity)): a config of a
+        # small max_capacity leaves init_capacity at its default, 1,048,576.
+        self.init_capacity = min(self.init_capacity, self.max_capacity)
         self.max_hbm_for_values = check_int(
             self.max_hbm_for_values, "HkvHashTableConfig.max_hbm_for_values", 0
         )
@@ -169,8 +168,9 @@ class HkvHashTable(_DynembTable):
           default_value: what missing keys read: a scalar or a `[dim]` vector.
           name: a name for the table (and its ops).
           checkpoint: whether checkpoints save and restore the content (with scores).
-          init_capacity: keys to reserve room for up front (>= 1).
-          max_capacity: the most keys the table holds (>= init_capacity).
+          init_capacity: keys to reserve room for up front (>= 1; more than
+            max_capacity means max_capacity, as in TFRA).
+          max_capacity: the most keys the table holds.
           max_hbm_for_values: device-memory budget for values on GPU, in bytes (the
             rows beyond it live in pinned host memory the GPU reads over the bus);
             ignored on CPU.
@@ -189,7 +189,7 @@ class HkvHashTable(_DynembTable):
 
         Raises:
           TypeError: an unsupported dtype, or a non-integer capacity.
-          ValueError: a capacity < 1, `init_capacity > max_capacity`, an unknown
+          ValueError: a capacity < 1, an unknown
             eviction strategy, or a bad `default_value`.
         """
         if config is not None:
@@ -205,11 +205,8 @@ class HkvHashTable(_DynembTable):
             gen_scores_fn = config.gen_scores_fn
         init_capacity = check_int(init_capacity, "init_capacity", 1)
         max_capacity = check_int(max_capacity, "max_capacity", 1)
-        if init_capacity > max_capacity:
-            raise ValueError(
-                "`init_capacity` must be <= `max_capacity`, got "
-                f"init_capacity={init_capacity}, max_capacity={max_capacity}."
-            )
+        # As TFRA does: HkvHashTable(max_capacity=99_999) keeps the default init_capacity.
+        init_capacity = min(init_capacity, max_capacity)
         self._max_hbm_for_values = check_int(max_hbm_for_values, "max_hbm_for_values", 0)
         strategy = HkvEvictStrategy.coerce(evict_strategy)
         step_per_epoch = check_int(step_per_epoch, "step_per_epoch", 0)

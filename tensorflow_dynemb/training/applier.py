@@ -7,6 +7,7 @@ see optimizer.py's docstring for the whole design.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -21,8 +22,10 @@ __all__ = [
     "SparseApplier",
     "SparseGradient",
     "StepNumbers",
+    "get_slot",
     "keras_clip",
     "optimizer_name",
+    "slot_names",
     "wrapped",
 ]
 
@@ -356,6 +359,47 @@ def optimizer_name(optimizer) -> str:
 
 
 def wrapped(optimizer):
-    """The `SparseApplier` of a wrapper, or None for any other optimizer."""
-    return getattr(optimizer, "_dynemb", None)
+    """The `SparseApplier` of a wrapper, or None for any other optimizer. A wrapper is
+    also found inside tf_keras' `TFOptimizer`, which `compile` puts around a
+    `tf.compat.v1.train` optimizer (such as the TF1 wrapper)."""
+    applier = getattr(optimizer, "_dynemb", None)
+    if applier is None and isinstance(optimizer, _tf_optimizer_classes()):
+        applier = getattr(optimizer.optimizer, "_dynemb", None)
+    return applier
 
+
+def _tf_optimizer_classes() -> tuple:
+    """tf_keras' (and TF's own legacy Keras') `TFOptimizer`, where imported."""
+    modules = ("tf_keras.src.optimizers.optimizer_v1", "tensorflow.python.keras.optimizer_v1")
+    return tuple(
+        sys.modules[name].TFOptimizer for name in modules
+        if hasattr(sys.modules.get(name), "TFOptimizer")
+    )
+
+
+def slot_names(applier: SparseApplier) -> List[str]:
+    """A wrapper's `get_slot_names()`: the slots of the de.Variables it trains (TFRA's
+    optimizer, patched in place, lists these among its own), the names `get_slot` takes."""
+    return [spec.name for spec in applier.rule.slots]
+
+
+def get_slot(applier: SparseApplier, var, slot_name: str):
+    """A wrapper's `get_slot(var, slot_name)`: the `SlotView` of a trainable view's
+    de.Variable (created with its slots if needed); None for any other variable, whose
+    slots are the inner optimizer's (`inner_optimizer.get_slot`). TF's checkpoints ask
+    every optimizer for the slots of every variable: a wrapper that also answered for
+    the inner optimizer's would save those twice, which TF refuses.
+
+    Raises:
+      KeyError: `var` is a trainable view and `slot_name` no slot of the rule.
+    """
+    rows = rows_of(var)
+    if rows is None:
+        return None
+    slots = applier.slots_of(rows.params)
+    if slot_name not in slots:
+        raise KeyError(
+            f"`slot_name` must be one of the slots {sorted(slots)} of the optimizer's "
+            f"de.Variable rows, got {slot_name!r}."
+        )
+    return slots[slot_name]

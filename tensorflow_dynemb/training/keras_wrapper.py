@@ -11,9 +11,12 @@ from tensorflow_dynemb.training.accumulation import GradientAccumulation, accumu
 from tensorflow_dynemb.training.applier import (
     SparseApplier,
     StepNumbers,
+    _in_graph,
     _no_clip,
+    get_slot,
     keras_clip,
     optimizer_name,
+    slot_names,
 )
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
@@ -51,16 +54,28 @@ class KerasWrapperMixin:
     def _dense_only(var_list):
         return [v for v in var_list if rows_of(v) is None]
 
-    def _apply_pairs(self, pairs, apply_dense) -> None:
+    def _apply_pairs(self, pairs, apply_dense):
         """Applies `(grad, var)` pairs: the sparse part here, the dense part through
-        `apply_dense(dense_pairs)` (the inner optimizer, which advances `iterations`)."""
+        `apply_dense(dense_pairs)` (the inner optimizer, which advances `iterations`).
+
+        Returns:
+          In a TF1 graph, the op of the whole step (what legacy optimizers'
+          `apply_gradients` return there); None elsewhere, where ops run as built
+          (eagerly) or in program order (`tf.function`).
+        """
         self._dynemb.create_slots([v for g, v in pairs if g is not None])
-        dense, _ = self._dynemb.step(pairs, self._step_numbers(), self._clip)
+        dense, writes = self._dynemb.step(pairs, self._step_numbers(), self._clip)
         dense = [(g, v) for g, v in dense if g is not None]
-        if dense:
-            apply_dense(dense)
-        else:
-            self._step_counter().assign_add(1)
+        # In a TF1 graph nothing else orders them: the sparse writes read `iterations`
+        # (the step numbers), which the dense step advances.
+        with tf.control_dependencies(writes if _in_graph() else []):
+            if dense:
+                update = apply_dense(dense)
+            else:
+                update = self._step_counter().assign_add(1)
+        if not _in_graph():
+            return None
+        return tf.group(update, *writes)
 
     def _step_counter(self):
         """The inner optimizer's step counter variable. Under Keras 3's gradient
@@ -103,6 +118,16 @@ class KerasWrapperMixin:
     def get_slot_variables(self, params) -> List[Any]:
         """The slots (`SlotView`s) of `params` (empty before its first update)."""
         return list(self._slot_store.slots_of(params).values())
+
+    def get_slot_names(self) -> List[str]:
+        """TFRA's: the slot names of the de.Variables' slots, which `get_slot` takes."""
+        return slot_names(self._dynemb)
+
+    def get_slot(self, var, slot_name: str):
+        """The `SlotView` of slot `slot_name` of a de.Variable's trainable view (as
+        TFRA's, its `.params` is the slot); None for other variables, whose slots are
+        the wrapped optimizer's."""
+        return get_slot(self._dynemb, var, slot_name)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)

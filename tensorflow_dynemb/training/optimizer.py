@@ -27,19 +27,23 @@ left to clip. The step number of the sparse rules is the inner optimizer's `iter
 (Keras) or the wrapper's own step counter (`tf.compat.v1.train`), read before this step
 increments it.
 
-Three wrapper classes share that machinery, one per optimizer family, each subclassing
+Four wrapper classes share that machinery, one per optimizer family, each subclassing
 its family's base class so that the frameworks accept it (`model.compile`,
 `tf.compat.v1.train.MonitoredTrainingSession`, ...):
 - `KerasDynamicEmbeddingOptimizer` for Keras 3 optimizers (`tf.keras` on TF >= 2.16;
   keras_optimizer.py);
 - `TfKerasDynamicEmbeddingOptimizer` for `tf_keras` (Keras 2) optimizers
-  (tf_keras_optimizer.py); the two share `KerasWrapperMixin` (keras_wrapper.py);
+  (tf_keras_optimizer.py);
+- `TfLegacyKerasDynamicEmbeddingOptimizer` for the OptimizerV2 optimizers of the Keras
+  inside TensorFlow (`tensorflow.python.keras.optimizer_v2`; tf_legacy_keras_optimizer.py);
+  the three share `KerasWrapperMixin` (keras_wrapper.py);
 - `V1DynamicEmbeddingOptimizer` for `tf.compat.v1.train` optimizers (v1_optimizer.py).
 This module only picks the class.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import tensorflow as tf
@@ -55,11 +59,13 @@ def DynamicEmbeddingOptimizer(optimizer, bp_v2: Optional[bool] = None):
 
     Args:
       optimizer: a Keras 3 optimizer (`tf.keras.optimizers.*` on TF >= 2.16), a
-        `tf_keras` optimizer, or a `tf.compat.v1.train` optimizer. Supported:
-        SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adagrad, RMSprop, Adadelta,
-        Adamax, Nadam, Ftrl; for `tf.compat.v1.train`: GradientDescent, Momentum, Adam,
-        Adagrad, Adadelta, RMSProp, Ftrl, ProximalAdagrad. A wrapped optimizer is
-        returned unchanged.
+        `tf_keras` optimizer (current or `legacy`), an OptimizerV2 of TensorFlow's own
+        legacy Keras (`tensorflow.python.keras.optimizer_v2`, as TFRA's tests use), or a
+        `tf.compat.v1.train` optimizer. Supported: SGD (momentum, nesterov), Adam
+        (amsgrad), AdamW, Adagrad, RMSprop, Adadelta, Adamax, Nadam, Ftrl; for
+        `tf.compat.v1.train`: GradientDescent, Momentum, Adam, Adagrad, Adadelta,
+        RMSProp, Ftrl, ProximalAdagrad, ProximalGradientDescent, AdagradDA. A wrapped
+        optimizer is returned unchanged.
       bp_v2: write back by `accum` (adding this step's deltas) instead of `upsert`, for
         every variable (True / False); None (default) uses each variable's `bp_v2`.
 
@@ -85,10 +91,17 @@ def DynamicEmbeddingOptimizer(optimizer, bp_v2: Optional[bool] = None):
         from tensorflow_dynemb.training.tf_keras_optimizer import TfKerasDynamicEmbeddingOptimizer
 
         return TfKerasDynamicEmbeddingOptimizer(optimizer, bp_v2=bp_v2)
+    tf_legacy_keras_base = _tf_legacy_keras_optimizer_class()
+    if tf_legacy_keras_base is not None and isinstance(optimizer, tf_legacy_keras_base):
+        from tensorflow_dynemb.training.tf_legacy_keras_optimizer import (
+            TfLegacyKerasDynamicEmbeddingOptimizer,
+        )
+
+        return TfLegacyKerasDynamicEmbeddingOptimizer(optimizer, bp_v2=bp_v2)
     raise TypeError(
-        "`optimizer` must be a Keras 3 optimizer, a tf_keras optimizer or a "
-        f"tf.compat.v1.train optimizer, got {type(optimizer).__module__}."
-        f"{type(optimizer).__name__}."
+        "`optimizer` must be a Keras 3 optimizer, a tf_keras optimizer, an optimizer of "
+        "tensorflow.python.keras.optimizer_v2 or a tf.compat.v1.train optimizer, got "
+        f"{type(optimizer).__module__}.{type(optimizer).__name__}."
     )
 
 
@@ -108,6 +121,13 @@ def _tf_keras_optimizer_classes() -> tuple:
     except ImportError:
         return ()
     return (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+
+
+def _tf_legacy_keras_optimizer_class():
+    """OptimizerV2 of the Keras inside TensorFlow, if imported (else its instances can't
+    exist); not imported here, as it is no public API."""
+    module = sys.modules.get("tensorflow.python.keras.optimizer_v2.optimizer_v2")
+    return None if module is None else module.OptimizerV2
 
 
 _KERAS3_WRAPPER = None

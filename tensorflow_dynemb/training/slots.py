@@ -85,6 +85,12 @@ class SlotView:
         """The `de.Variable` holding every slot of the variable, side by side."""
         return self._state
 
+    @property
+    def params(self):
+        """The slot as a variable: the view itself. For TFRA code, whose optimizers'
+        `get_slot(trainable, name)` return a trainable whose `params` is the slot."""
+        return self
+
     # -- reads ---------------------------------------------------------------------------
 
     def _columns(self, rows: tf.Tensor) -> tf.Tensor:

@@ -52,10 +52,17 @@ class TfKerasDynamicEmbeddingOptimizer(
             # lifted initialisers that capture that trace's tensors.
             with tf.init_scope():
                 self.build([v for _, v in pairs])
-        self._apply_pairs(
+        train_op = self._apply_pairs(
             pairs, lambda dense: self.inner_optimizer.apply_gradients(dense, name=name, **kwargs)
         )
-        return self.iterations
+        # In a TF1 graph (legacy optimizers only), the step's op, which the session runs.
+        return self.iterations if train_op is None else train_op
+
+    def minimize(self, loss, var_list, tape=None):
+        """tf_keras' `minimize`, returning what `apply_gradients` returns: in a TF1 graph
+        the train op, as the legacy optimizers' `minimize` does (tf_keras' returns None)."""
+        grads_and_vars = self.compute_gradients(loss, var_list, tape)
+        return self.apply_gradients(grads_and_vars)
 
     def finalize_variable_values(self, var_list):
         if isinstance(self.inner_optimizer, tf_keras.optimizers.Optimizer):

@@ -11,7 +11,9 @@ from tensorflow_dynemb.training.applier import (
     StepNumbers,
     _in_graph,
     _no_clip,
+    get_slot,
     optimizer_name,
+    slot_names,
 )
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
@@ -43,9 +45,12 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         shadows = [v for g, v in pairs if g is not None and rows_of(v) is not None]
         if not shadows:  # nothing sparse: exactly the inner optimizer
             return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
+        rule = self._dynemb.rule
         with tf.init_scope():  # long-lived state, also when traced in a tf.function
             self._dynemb.create_slots(shadows)
-            step = self._step_variable(_step_anchor(shadows[0]))
+            anchor = _step_anchor(shadows[0])
+            step = self._step_variable(anchor)
+            rule.create_non_slot_variables(anchor)
         local_step = tf.cast(step, tf.float32) + 1.0
         dense, writes = self._dynemb.step(pairs, StepNumbers(local_step), _no_clip)
         with tf.control_dependencies(writes if _in_graph() else []):
@@ -53,10 +58,13 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
                 update = self.inner_optimizer.apply_gradients(
                     dense, global_step=global_step, name=name
                 )
-            elif global_step is not None:
-                update = global_step.assign_add(1)
             else:
-                update = tf.no_op()
+                # What the inner optimizer's apply_gradients would have done besides
+                # updating variables: its `_finish` (Adam's beta powers), global_step.
+                finish = rule.finish_step()
+                if global_step is not None:
+                    finish.append(global_step.assign_add(1))
+                update = tf.group(*finish)  # None when executing eagerly
         with tf.control_dependencies([update] if _in_graph() else []):
             advance = step.assign_add(1)
         if tf.executing_eagerly():
@@ -75,13 +83,15 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
         return step
 
     def get_slot(self, var, name):
-        return self.inner_optimizer.get_slot(var, name)
+        """The `SlotView` of slot `name` of a de.Variable's trainable view (as TFRA's,
+        its `.params` is the slot); None for other variables, whose slots are the inner
+        optimizer's (`inner_optimizer.get_slot`)."""
+        return get_slot(self._dynemb, var, name)
 
     def get_slot_names(self):
-        """None: the dense variables' slots belong to (and are saved with) the inner
-        optimizer, where `get_slot` finds them; embedding slots are `SlotView`s
-        (`de.Variable.get_slot_variables`)."""
-        return []
+        """TFRA's: the slot names of the de.Variables' slots (sorted, as TF1
+        optimizers list theirs), which `get_slot` takes."""
+        return sorted(slot_names(self._dynemb))
 
     def variables(self):
         return self.inner_optimizer.variables() + list(self._non_slot_dict.values())

@@ -58,9 +58,11 @@ def get_variable(
     if existing is not None:
         if reuse is True or reuse == tf.compat.v1.AUTO_REUSE:
             return existing
+        # Worded as TFRA's (and tf.compat.v1.get_variable's) error, which code matches.
         raise ValueError(
-            f"de.Variable {full_name!r} already exists; use reuse=True or "
-            "reuse=tf.compat.v1.AUTO_REUSE in the variable scope to get it again."
+            f"Variable {full_name} already exists, disallowed (a de.Variable of this graph). "
+            "Did you mean to set reuse=True or reuse=tf.compat.v1.AUTO_REUSE in the "
+            "variable scope?"
         )
     if reuse is True:
         raise ValueError(

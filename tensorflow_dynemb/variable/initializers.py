@@ -4,7 +4,8 @@ Three kinds, chosen when the variable is created:
 
 - constant rows (a number, list, ndarray, `[dim]` tensor, or a Zeros / Ones / Constant
   initializer): the row is the shard tables' `default_value`, so a lookup costs nothing
-  extra;
+  extra. As TFRA does, one element is broadcast to `[dim]` and a value of another
+  dtype is cast to the value dtype (`0.1` for int rows is 0);
 - key-seeded random rows (RandomNormal, RandomUniform, TruncatedNormal from Keras 3,
   `tf_keras`, `tf.*_initializer` or `tf.compat.v1`): the `DynembKeyedRandom` op draws
   row `r(seed, key)`, so every missing key gets its own draw, and the same key gets the
@@ -44,6 +45,9 @@ _KEYED_DISTRIBUTIONS = {
 }
 _CONSTANT_INITIALIZERS = {"Zeros": 0, "Ones": 1}
 _DEFAULT_PARAMS = {"mean": 0.0, "stddev": 0.05, "minval": -0.05, "maxval": 0.05}
+# What a parameter given as None means: tf.compat.v1.random_uniform_initializer's default
+# maxval=None is 1 (for floating rows), as in tf.random.uniform.
+_NONE_PARAMS = {"maxval": 1.0}
 # Initializers (and their subclasses) whose values depend on the whole matrix's shape.
 _SHAPE_DEPENDENT = {"VarianceScaling", "Orthogonal", "OrthogonalInitializer", "Identity"}
 
@@ -125,16 +129,55 @@ def _config(initializer: Any) -> Optional[dict]:
 
 
 def _constant_row(value: Any, dim: int, value_dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
-    """A scalar (broadcast) or `[dim]` value as the `[dim]` default row."""
-    row = convert(value, value_dtype, arg)
-    if row.shape.rank == 0:
-        return tf.fill([dim], row)
-    if row.shape.rank == 1 and row.shape[0] == dim:
-        return row
+    """A constant value as the `[dim]` default row, converted as TFRA converts it: one
+    element is broadcast (a scalar, `[1]`, `[[1]]`), `dim` elements in any shape are
+    reshaped to `[dim]`, and a value of another dtype is cast (`_cast_value`)."""
+    row = _cast_value(value, value_dtype, arg)
+    size = row.shape.num_elements()
+    if size == 1:
+        return tf.fill([dim], tf.reshape(row, []))
+    if size == dim:
+        return tf.reshape(row, [dim])
+    # TFRA fills the row with the first element of any other value; a value of another
+    # size is more likely a mistake than a wish for its first element.
     raise ValueError(
-        f"`{arg}` must be a scalar or have shape [dim] = [{dim}] (one value per column), "
-        f"got shape {row.shape}."
+        f"`{arg}` must be a scalar, one element, or [dim] = [{dim}] elements (one per "
+        f"column), got shape {row.shape}."
     )
+
+
+def _cast_value(value: Any, value_dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
+    """`value` as a tensor of `value_dtype`: converted exactly where it fits the dtype,
+    else cast as TFRA casts initializers (an int64 tensor for int32 rows; 0.1 for int32
+    rows is 0, as `tf.cast` truncates). Only numbers and bools are cast.
+
+    Raises:
+      TypeError: a value that is no number or bool (or not for such rows).
+    """
+    try:
+        return convert(value, value_dtype, arg)
+    except TypeError:
+        pass
+    try:
+        tensor = tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"`{arg}` must be a number, a list / ndarray / tensor of numbers, or an "
+            f"initializer; got {value!r}."
+        ) from e
+    numeric = (tensor.dtype, value_dtype)
+    if not all(d.is_floating or d.is_integer or d == tf.bool for d in numeric):
+        raise TypeError(
+            f"`{arg}` of dtype {tensor.dtype.name} cannot be cast to the variable's "
+            f"value_dtype {value_dtype.name}."
+        )
+    return tf.cast(tensor, value_dtype)
+
+
+def _param(config: dict, field: str) -> Any:
+    """A distribution parameter of an initializer's config (missing: Keras' default)."""
+    value = config.get(field, _DEFAULT_PARAMS[field])
+    return _NONE_PARAMS.get(field, _DEFAULT_PARAMS[field]) if value is None else value
 
 
 def _seed(config_seed: Any) -> int:
@@ -154,9 +197,9 @@ def make_row_initializer(
     """Resolves a `de.Variable` `initializer` argument (see the module docstring).
 
     Raises:
-      TypeError: a value of another dtype, or an object that is neither a value nor a
-        callable initializer.
-      ValueError: a value that is neither a scalar nor `[dim]`, or an initializer that
+      TypeError: a value that cannot be cast to `value_dtype` (strings for numbers), or
+        an object that is neither a value nor a callable initializer.
+      ValueError: a value of neither one nor `dim` elements, or an initializer that
         scales by the matrix shape (VarianceScaling family, Orthogonal, Identity).
     """
     if initializer is None:
@@ -174,8 +217,7 @@ def make_row_initializer(
     zeros = tf.zeros([dim], value_dtype)
     if config is not None and name in _KEYED_DISTRIBUTIONS:
         distribution, a_field, b_field = _KEYED_DISTRIBUTIONS[name]
-        a = config.get(a_field, _DEFAULT_PARAMS[a_field])
-        b = config.get(b_field, _DEFAULT_PARAMS[b_field])
+        a, b = (_param(config, field) for field in (a_field, b_field))
         seed = _seed(config.get("seed"))
         return _KeyedRandomRows(zeros, dim, value_dtype, distribution, a, b, seed)
     shape_dependent = {c.__name__ for c in type(initializer).__mro__} & _SHAPE_DEPENDENT

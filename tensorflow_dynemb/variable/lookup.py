@@ -129,7 +129,7 @@ def _lookup_rows(
         return params.lookup(ids), trainable
     if not (return_trainable or _may_train(params)):
         return params.lookup(ids), None
-    trainable = params._trainable_rows(name)
+    trainable = params._trainable_rows(name, ids)
     rows = trainable.read(tf.reshape(ids, [-1]))
     rows = tf.reshape(rows, tf.concat([tf.shape(ids), [params.dim]], 0))
     rows.set_shape(ids.shape.concatenate([params.dim]))

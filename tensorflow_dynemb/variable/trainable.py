@@ -118,7 +118,7 @@ class TrainableRows:
         the view records tensors instead).
     """
 
-    def __init__(self, params, name: str, replica: Optional[int] = None):
+    def __init__(self, params, name: str, replica: Optional[int] = None, ids=None):
         if not params.value_dtype.is_floating:
             raise TypeError(
                 f"Training needs a floating-point value_dtype, but de.Variable "
@@ -130,8 +130,12 @@ class TrainableRows:
         self.replica = replica
         # Whether lookups record their tensors instead of writing buffers.
         self.records = _under_parameter_server_strategy()
-        suffix = "" if replica is None else f"_replica_{replica}"
-        scope = f"{params._unique_name}/TrainableWrapper_{_scope_name(name)}{suffix}"
+        # Named as TFRA's TrainableWrapper: `<variable scope>/<name>/<name>` (graph-unique
+        # in a TF1 graph: `.../<name>_1` for another variable's view of that name), a
+        # replica's `<name>/replica_<i>`.
+        variable_name = _scope_name(name) + ("" if replica is None else f"/replica_{replica}")
+        variable_scope = tf.compat.v1.get_variable_scope().name
+        scope = f"{variable_scope}/{_scope_name(name)}/" if variable_scope else f"{_scope_name(name)}/"
         device = _replica_device(replica)
         # Created outside any tf.function being traced (like optimizer slots), so that
         # a lookup first traced inside a function still owns long-lived variables.
@@ -139,10 +143,12 @@ class TrainableRows:
             initial_rows = tf.zeros([0, params.dim], params.value_dtype)
             if self.records:
                 self.ids = self.exists = None
-                self.variable = _token(initial_rows, params)
+                self.variable = _token(initial_rows, params, variable_name)
             else:
-                self._create_buffers(initial_rows, device)
+                self._create_buffers(initial_rows, device, variable_name, ids)
         setattr(self.variable, _OWNER_ATTR, self)
+        # TFRA's TrainableWrapper has this method; code writes looked-up rows back by it.
+        self.variable.update_op = self.update_op
         # Keras 3 reads these from every trainable weight (its own Variables have them).
         self.variable.regularizer = None
         if not hasattr(self.variable, "constraint"):
@@ -160,14 +166,16 @@ class TrainableRows:
         self._graph_record: Optional[Tuple[weakref.ref, _StepRecord]] = None
         self._eager_record: Optional[_StepRecord] = None
 
-    def _create_buffers(self, initial_rows: tf.Tensor, device: Optional[str]) -> None:
+    def _create_buffers(self, initial_rows: tf.Tensor, device: Optional[str], name: str, ids) -> None:
         # In a TF1 graph the buffers are local variables (see _buffer); they need
-        # no initialisation: every read of a step follows a write of that step.
+        # no initialisation: every read of a step follows a write of that step. They
+        # are colocated with the lookup's ids, as TFRA's TrainableWrapper is.
         local = _in_tf1_graph()
-        with _maybe_device(device), _local_placement(initial_rows), _outside_strategy():
-            self.variable = _buffer(initial_rows, "rows", True, local)
-            self.ids = _buffer(tf.zeros([0], self.params.key_dtype), "ids", False, local)
-            self.exists = _buffer(tf.zeros([0], tf.bool), "exists", False, local)
+        anchor = ids if ids is not None else initial_rows
+        with _maybe_device(device), _local_placement(anchor), _outside_strategy():
+            self.variable = _buffer(initial_rows, name, True, local)
+            self.ids = _buffer(tf.zeros([0], self.params.key_dtype), f"{name}_ids", False, local)
+            self.exists = _buffer(tf.zeros([0], tf.bool), f"{name}_exists", False, local)
 
     def _read_rows(self) -> tf.Tensor:
         """The rows buffer as the lookups wrote it. (A ShadowVariable's view overrides
@@ -289,6 +297,44 @@ class TrainableRows:
             and self._graph_lookups == 1
         )
 
+    def update_op(self, v0: Optional[tf.Tensor] = None):
+        """TFRA's `TrainableWrapper.update_op()`: writes the view's rows as they are (as
+        the last lookup read them, or as assigned since) to `params` under the ids the
+        lookup read, and updates `params`' restrict-policy status of those ids.
+
+        Args:
+          v0: for a `bp_v2` variable, the rows before (the view adds `rows - v0` by
+            `accum`); ignored otherwise.
+
+        Returns:
+          The operation (None when executing eagerly).
+
+        Raises:
+          ValueError: a `bp_v2` variable without `v0`.
+          RuntimeError: a view that records tensors (ParameterServerStrategy) and has
+            no rows between steps.
+        """
+        if self.records:
+            raise RuntimeError(
+                f"update_op() of trainable view {self.name!r}: under ParameterServerStrategy "
+                "the view holds no rows between ops; de.DynamicEmbeddingOptimizer writes them."
+            )
+        ids, rows, exists = (v.read_value() for v in (self.ids, self.variable, self.exists))
+        if self.params.bp_v2:
+            if v0 is None:
+                raise ValueError(
+                    f"update_op() of trainable view {self.name!r}: de.Variable "
+                    f"{self.params.name!r} has bp_v2=True, which adds deltas: pass `v0`, "
+                    "the rows before, got None."
+                )
+            writes = [self.params.accum(ids, v0, rows, exists)]
+        else:
+            writes = [self.params.upsert(ids, rows)]
+        policy = self.params.restrict_policy
+        if policy is not None:
+            writes.append(policy.apply_update(ids))
+        return None if tf.executing_eagerly() else tf.group(*writes)
+
     # -- the optimizer side ----------------------------------------------------------------
 
     def consume(self, gradient) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -409,14 +455,14 @@ def _under_parameter_server_strategy() -> bool:
     return "ParameterServerStrategy" in type(tf.distribute.get_strategy()).__name__
 
 
-def _token(initial_rows: tf.Tensor, params):
+def _token(initial_rows: tf.Tensor, params, name: str):
     """Record mode's trainable variable: `[0, dim]`, never written, on the device of
     the variable's first shard (a parameter server; every worker reads it each step, 0
     bytes), outside the strategy's variable creator (nothing to aggregate). Its shape
     is fully defined: a worker deserialising a remote handle whose shape has an unknown
     dimension aborts (TF 2.21, `RemoteMgr::DeserializeRemoteTensorHandle`)."""
     with tf.device(params.tables[0].resource_handle.device), _outside_strategy():
-        return tf.Variable(initial_rows, trainable=True, name="token")
+        return tf.Variable(initial_rows, trainable=True, name=name)
 
 
 def _maybe_device(device: Optional[str]):
@@ -449,9 +495,9 @@ def _in_tf1_graph() -> bool:
 
 
 def _local_placement(anchor: tf.Tensor):
-    """Where the buffers of a TF1 graph go: with `anchor`, an ordinary op made under
-    the caller's device scope. The buffers hold one step of one worker, so they must
-    live where the lookup is computed: device functions such as
+    """Where the buffers of a TF1 graph go: with `anchor`, the lookup's ids (or an
+    ordinary op made under the caller's device scope). The buffers hold one step of one
+    worker, so they must live where the lookup is computed: device functions such as
     `replica_device_setter` would otherwise put them, like every variable, on a
     parameter server, where the workers of a cluster (whose graphs name them alike)
     would share, and race on, one buffer. Elsewhere (eager, `tf.function`): no change."""

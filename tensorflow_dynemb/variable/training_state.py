@@ -106,9 +106,10 @@ class TrainingState:
 
     # -- training ------------------------------------------------------------------------
 
-    def _trainable_rows(self, name: str) -> TrainableRows:
-        """The trainable view called `name`, created on first use. In a TF1 graph every
-        lookup gets its own view (named uniquely in the graph), as its ops do."""
+    def _trainable_rows(self, name: str, ids: Optional[tf.Tensor] = None) -> TrainableRows:
+        """The trainable view called `name`, created on first use (in a TF1 graph with
+        the lookup's `ids`). In a TF1 graph every lookup gets its own view (named
+        uniquely in the graph), as its ops do."""
         if in_tf1_graph():
             base, i = name, 1
             while name in self._trainables:
@@ -120,7 +121,7 @@ class TrainingState:
         if rows is None:
             # A model-parallel variable's view holds the rows this worker owns.
             view_class = TrainableRows if self.worker_group is None else ModelParallelRows
-            rows = view_class(self, name, replica=replica)
+            rows = view_class(self, name, replica=replica, ids=ids)
             self._trainables[key] = rows
         return rows
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -43,6 +44,7 @@ from tensorflow_dynemb._convert import (
     flat_rows,
 )
 from tensorflow_dynemb.persistence.checkpoint import Untracked, in_tf1_graph, register_for_tf1_saver
+from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.distribute import cluster as _cluster
 from tensorflow_dynemb.distribute import model_parallel as _model_parallel
@@ -84,7 +86,7 @@ def _check_devices(devices: Any) -> List[str]:
     return out
 
 
-class Variable(VariableContent, TrainingState, tf.Module):
+class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
     """A dynamic embedding: keys of any value map to `[dim]` rows, sharded over devices.
 
     Missing keys read `initializer` rows and are not stored. One table (made by
@@ -183,7 +185,18 @@ class Variable(VariableContent, TrainingState, tf.Module):
                 f"`kv_creator` must be a de.HashTableCreator or de.HkvHashTableCreator, "
                 f"got {kv_creator!r}."
             )
+        # Graph-unique in TF1 graphs (the Saver names the variable's content by it);
+        # also the prefix of the shard tables' op names.
+        unique_name = _module_name(name)
+        if in_tf1_graph():
+            # An op of that name reserves it, as TFRA's variable does: a meta graph
+            # exports the SAVEABLE_OBJECTS collection as op names, and
+            # `import_meta_graph` fails on a name that is no op of the graph. Before
+            # tf.Module's name scope takes the name.
+            with tf.control_dependencies(None):
+                unique_name = tf.no_op(name=unique_name).name
         super().__init__(name=_module_name(name))
+        self._unique_name = unique_name
         self._var_name = name
         # Model-parallel placement (distribute/cluster.py), held untracked: the group
         # holds the strategy, which is no part of the variable's state.
@@ -194,13 +207,6 @@ class Variable(VariableContent, TrainingState, tf.Module):
         self._bp_v2 = bool(bp_v2)
         self._kv_creator = kv_creator
         self._initializer = make_row_initializer(initializer, self._dim, self._value_dtype)
-        # Graph-unique in TF1 graphs (the Saver names the variable's content by it);
-        # also the prefix of the shard tables' op names.
-        self._unique_name = (
-            tf.compat.v1.get_default_graph().unique_name(_module_name(name), mark_as_used=True)
-            if in_tf1_graph()
-            else _module_name(name)
-        )
 
         num_shards = len(self._devices)
         tables = []
@@ -221,6 +227,8 @@ class Variable(VariableContent, TrainingState, tf.Module):
         self._tables = tables
         for table in tables:
             table._set_owner(self)
+        # The size ops of each TF1 graph, for calls once it is finalized (see `size`).
+        self._size_ops = Untracked(by_graph=weakref.WeakKeyDictionary())
         # Trainable views by lookup name (see trainable.py); not part of checkpoints.
         self._trainables: Dict[str, TrainableRows] = {}
         # Optimizer slots of this variable: the slot state variables (they must lose
@@ -238,6 +246,15 @@ class Variable(VariableContent, TrainingState, tf.Module):
 
         if self._checkpoint and in_tf1_graph():
             register_for_tf1_saver(self, self._unique_name)
+
+    # -- a TF1 Saver given the variable in `var_list` (persistence/tf1_saver.py) ---------
+
+    def _tf1_saver_name(self) -> str:
+        # As `register_for_tf1_saver` names it for `Saver()` without `var_list`.
+        return self._unique_name
+
+    def _tf1_saver_tensors(self) -> Dict[str, tf.Tensor]:
+        return self._serialize_to_tensors()
 
     # -- properties ----------------------------------------------------------------------
 
@@ -550,20 +567,46 @@ class Variable(VariableContent, TrainingState, tf.Module):
     def size(self, index: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
         """The number of keys in shard `index`, or in the whole variable.
 
+        In a TF1 graph that is finalized (as `MonitoredTrainingSession` does), where no op
+        can be added, it returns the size op built by the first call of the graph (as
+        TFRA's variable does), which reads the size whenever it runs.
+
         Returns:
           An int64 scalar tensor.
 
         Raises:
           ValueError: `index` out of `[0, num_shards)`.
+          RuntimeError: the TF1 graph is finalized and `size` was never called before.
         """
+        if index is not None:
+            index = check_int(index, "index", 0)
+            if index >= self.shard_num:
+                raise ValueError(
+                    f"`index` must be in [0, {self.shard_num}) (the number of shards), "
+                    f"got {index}."
+                )
+        if not in_tf1_graph():
+            return self._size_op(index, name)
+        graph = tf.compat.v1.get_default_graph()
+        cache = self._size_ops.by_graph.setdefault(graph, {})
+        if graph.finalized:
+            if index not in cache:
+                raise RuntimeError(
+                    f"de.Variable {self.name!r}: size(index={index}) needs new ops, but the "
+                    "graph is finalized (MonitoredTrainingSession finalizes it). Call "
+                    f"size(index={index}) once before that; later calls return its op."
+                )
+            return cache[index]
+        if index not in cache:
+            # Out of any control dependency or control flow of this call: the op is
+            # reused wherever a later call runs.
+            with tf.control_dependencies(None):
+                cache[index] = self._size_op(index, None)
+        return self._size_op(index, name)
+
+    def _size_op(self, index: Optional[int], name: Optional[str]) -> tf.Tensor:
         with tf.name_scope(name or f"{self._unique_name}_size"):
             if index is not None:
-                index = check_int(index, "index", 0)
-                if index >= self.shard_num:
-                    raise ValueError(
-                        f"`index` must be in [0, {self.shard_num}) (the number of shards), "
-                        f"got {index}."
-                    )
                 return self._tables[index].size()
             return tf.add_n([table.size() for table in self._tables])
 

@@ -40,18 +40,23 @@ Supported optimizer families (told apart by ``isinstance``):
 * tf_keras (Keras 2) ``tf_keras.optimizers``: the same set, same weight decay.
 * tf_keras ``tf_keras.optimizers.legacy`` (OptimizerV2): SGD, Adam,
   NonFusedAdam, Adagrad, RMSprop, Adadelta, Adamax, Nadam, Ftrl, including the
-  ``decay`` argument (``lr / (1 + decay * iterations)``).
+  ``decay`` argument (``lr / (1 + decay * iterations)``); the same for TensorFlow's
+  own legacy Keras (``tensorflow.python.keras.optimizer_v2``), of which they are a copy.
 * ``tf.compat.v1.train``: GradientDescentOptimizer, MomentumOptimizer,
   AdamOptimizer, AdagradOptimizer, AdadeltaOptimizer, RMSPropOptimizer,
-  FtrlOptimizer, ProximalAdagradOptimizer (formulas of the
-  ``ResourceSparseApply*`` kernels and of TF1 Adam's sparse path).
+  FtrlOptimizer, ProximalAdagradOptimizer, ProximalGradientDescentOptimizer,
+  AdagradDAOptimizer (formulas of the ``ResourceSparseApply*`` kernels and of TF1
+  Adam's sparse path).
 
 Rules are pure functions of tensors: they create no variables, assign nothing,
 and work eagerly, inside ``tf.function`` and in TF1 graph mode.  They read
 hyperparameters from the optimizer each time they build their ops, so a changed
 learning-rate variable is seen.  Step-dependent quantities (learning-rate
 schedules, bias corrections, Nadam's momentum-schedule product) are computed from
-``local_step`` in closed form, never from the optimizer's ``iterations``.
+``local_step`` in closed form, never from the optimizer's ``iterations``; two TF1
+rules read what their optimizer itself reads instead: Adam its ``beta1_power`` /
+``beta2_power`` variables (which the TF1 wrapper creates and advances, see
+``tf1.py``), AdagradDA its ``global_step``.
 float16/bfloat16 rows are updated in float32 and cast back.
 """
 
@@ -146,6 +151,9 @@ def _schedule_classes() -> tuple:
     tf_keras = sys.modules.get("tf_keras")
     if tf_keras is not None:
         classes.append(tf_keras.optimizers.schedules.LearningRateSchedule)
+    tf_legacy_keras = sys.modules.get("tensorflow.python.keras.optimizer_v2.learning_rate_schedule")
+    if tf_legacy_keras is not None:
+        classes.append(tf_legacy_keras.LearningRateSchedule)
     return tuple(classes)
 
 

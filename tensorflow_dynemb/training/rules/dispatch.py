@@ -32,11 +32,13 @@ from tensorflow_dynemb.training.rules.legacy import (
 from tensorflow_dynemb.training.rules.tf1 import (
     _TF1Adadelta,
     _TF1Adagrad,
+    _TF1AdagradDA,
     _TF1Adam,
     _TF1Ftrl,
     _TF1GradientDescent,
     _TF1Momentum,
     _TF1ProximalAdagrad,
+    _TF1ProximalGradientDescent,
     _TF1RMSProp,
 )
 
@@ -74,6 +76,8 @@ _TF1_RULES = (
     ("RMSPropOptimizer", _TF1RMSProp),
     ("FtrlOptimizer", _TF1Ftrl),
     ("ProximalAdagradOptimizer", _TF1ProximalAdagrad),
+    ("ProximalGradientDescentOptimizer", _TF1ProximalGradientDescent),
+    ("AdagradDAOptimizer", _TF1AdagradDA),
 )
 
 
@@ -100,6 +104,35 @@ def _legacy_classes(optimizers):
     return classes
 
 
+# The OptimizerV2 optimizers of the Keras inside TensorFlow (tensorflow.python.keras,
+# TFRA's tests use them): tf_keras' legacy optimizers are their copy, with the same
+# formulas and attributes, so the legacy rules serve both. (module, class) pairs.
+_TF_LEGACY_KERAS_RULES = (
+    ("gradient_descent", "SGD", _LegacySGD),
+    ("adam", "Adam", _LegacyAdam),
+    ("adam", "NonFusedAdam", _LegacyAdam),
+    ("adagrad", "Adagrad", _LegacyAdagrad),
+    ("rmsprop", "RMSprop", _LegacyRMSprop),
+    ("adadelta", "Adadelta", _LegacyAdadelta),
+    ("adamax", "Adamax", _LegacyAdamax),
+    ("nadam", "Nadam", _LegacyNadam),
+    ("ftrl", "Ftrl", _LegacyFtrl),
+)
+_TF_LEGACY_KERAS = "tensorflow.python.keras.optimizer_v2"
+
+
+def _tf_legacy_keras_classes():
+    """(class, rule) of tensorflow.python.keras' optimizers whose modules are imported
+    (else their instances can't exist)."""
+    classes = []
+    for module_name, class_name, rule in _TF_LEGACY_KERAS_RULES:
+        module = sys.modules.get(f"{_TF_LEGACY_KERAS}.{module_name}")
+        cls = getattr(module, class_name, None)
+        if cls is not None:
+            classes.append((cls, rule))
+    return classes
+
+
 def _check_keras_options(optimizer):
     if getattr(optimizer, "use_ema", False):
         raise ValueError(
@@ -113,6 +146,7 @@ def _supported_names():
         [f"keras.optimizers.{name}" for name, _ in _KERAS_RULES]
         + [f"tf_keras.optimizers.{name}" for name, _ in _KERAS_RULES]
         + [f"tf_keras.optimizers.legacy.{name}" for name, _ in _LEGACY_RULES]
+        + [f"{_TF_LEGACY_KERAS}.{module}.{name}" for module, name, _ in _TF_LEGACY_KERAS_RULES]
         + [f"tf.compat.v1.train.{name}" for name, _ in _TF1_RULES]
     )
 
@@ -141,6 +175,10 @@ def get_rule(optimizer) -> SparseRule:
         for cls, rule in _legacy_classes(tf_keras_optimizers):
             if isinstance(optimizer, cls):
                 return rule(optimizer)
+
+    for cls, rule in _tf_legacy_keras_classes():
+        if isinstance(optimizer, cls):
+            return rule(optimizer)
 
     for name, rule in _TF1_RULES:
         if isinstance(optimizer, getattr(tf.compat.v1.train, name)):

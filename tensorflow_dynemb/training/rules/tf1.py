@@ -33,6 +33,15 @@ class _TF1Rule(SparseRule):
     def _const(self, attribute, dtype):
         return _cast(getattr(self.optimizer, attribute), dtype)
 
+    def create_non_slot_variables(self, colocate_with) -> None:
+        """Creates the optimizer's own per-step variables that the rule reads (none
+        but Adam's beta powers), as its `_create_slots` would."""
+
+    def finish_step(self) -> list:
+        """The optimizer's `_finish` for a step that applied no dense gradient (the
+        optimizer then does not run it): the ops advancing its per-step variables."""
+        return []
+
 
 class _TF1GradientDescent(_TF1Rule):
     """GradientDescentOptimizer (sparse: scatter_add of -g * lr):  w -= g * lr."""
@@ -65,26 +74,55 @@ class _TF1Momentum(_TF1Rule):
 
 
 class _TF1Adam(_TF1Rule):
-    """AdamOptimizer: `_kernel_adam`.  TF1 keeps beta^t in float32 variables,
-    multiplied by beta after every step; here it is float32 pow(beta, t) instead.
-    The two differ by float32 round-off, which 1 - beta_2^t magnifies while
-    beta_2^t is close to 1 (about 1e-5 relative in the step size around t = 3 for
-    beta_2 = 0.999, shrinking as t grows)."""
+    """AdamOptimizer: `_kernel_adam`, with the bias corrections of the optimizer's own
+    `beta1_power` / `beta2_power` variables.
+
+    TF1 keeps beta^t in float32 variables, multiplied by beta after every step (in
+    `_finish`); float32 pow(beta, t) rounds differently, and 1 - beta_2^t magnifies
+    that while beta_2^t is close to 1 (rows 3e-6 apart after 10 steps of lr 1.0). So
+    the rule reads those variables, shared with the dense variables as in TFRA: the
+    TF1 wrapper creates them (`create_non_slot_variables`) and advances them in a step
+    that applies no dense gradient, where the optimizer's `_finish` does not run
+    (`finish_step`). A rule used on its own, without them, computes pow(beta, t)."""
 
     _lr_attribute = "_lr"
 
     def __init__(self, optimizer):
         super().__init__(optimizer, (SlotSpec("m", 0.0), SlotSpec("v", 0.0)))
 
+    def create_non_slot_variables(self, colocate_with) -> None:
+        # What AdamOptimizer._create_slots creates (it finds them made if it runs later).
+        opt = self.optimizer
+        opt._create_non_slot_variable(opt._beta1, name="beta1_power", colocate_with=colocate_with)
+        opt._create_non_slot_variable(opt._beta2, name="beta2_power", colocate_with=colocate_with)
+
+    def finish_step(self) -> list:
+        # AdamOptimizer._finish: beta^(t+1) = beta^t * beta, in float32.
+        beta_1_power, beta_2_power = self.optimizer._get_beta_accumulators()
+        return [
+            beta_1_power.assign(beta_1_power * self._beta("_beta1")),
+            beta_2_power.assign(beta_2_power * self._beta("_beta2")),
+        ]
+
+    def _beta(self, attribute):
+        return tf.convert_to_tensor(_call_if_callable(getattr(self.optimizer, attribute)))
+
+    def _extra_step_values(self, step):
+        powers = self.optimizer._get_beta_accumulators()
+        if any(power is None for power in powers):  # a rule used on its own
+            powers = [
+                tf.pow(beta, tf.cast(step, beta.dtype))
+                for beta in (self._beta("_beta1"), self._beta("_beta2"))
+            ]
+        else:
+            powers = [tf.identity(power) for power in powers]
+        return {"beta_1_power": powers[0], "beta_2_power": powers[1]}
+
     def _coefficients(self, values, dtype):
-        t = tf.cast(values["step"], tf.float32)
-        beta_1 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta1))
-        beta_2 = tf.convert_to_tensor(_call_if_callable(self.optimizer._beta2))
-        beta_1_power = tf.cast(tf.pow(beta_1, tf.cast(t, beta_1.dtype)), dtype)
-        beta_2_power = tf.cast(tf.pow(beta_2, tf.cast(t, beta_2.dtype)), dtype)
         return _kernel_adam_coefficients(
-            self._lr(values, dtype), tf.cast(beta_1, dtype), tf.cast(beta_2, dtype),
-            beta_1_power, beta_2_power, self._const("_epsilon", dtype),
+            self._lr(values, dtype), _cast(self._beta("_beta1"), dtype),
+            _cast(self._beta("_beta2"), dtype), tf.cast(values["beta_1_power"], dtype),
+            tf.cast(values["beta_2_power"], dtype), self._const("_epsilon", dtype),
         )
 
     def _fused(self, values, dtype):
@@ -111,19 +149,19 @@ class _TF1Adagrad(_TF1Rule):
 
 
 class _TF1Adadelta(_TF1Rule):
-    """AdadeltaOptimizer: `_kernel_adadelta`."""
+    """AdadeltaOptimizer: `_kernel_adadelta` (slots named as TF1's: `accum`, `accum_update`)."""
 
     _lr_attribute = "_lr"
 
     def __init__(self, optimizer):
-        super().__init__(optimizer, (SlotSpec("accum_grad", 0.0), SlotSpec("accum_var", 0.0)))
+        super().__init__(optimizer, (SlotSpec("accum", 0.0), SlotSpec("accum_update", 0.0)))
 
     def _update(self, var, grad, state, values, dtype):
-        var, accum_grad, accum_var = _kernel_adadelta(
-            var, grad, state["accum_grad"], state["accum_var"], self._lr(values, dtype),
+        var, accum, accum_update = _kernel_adadelta(
+            var, grad, state["accum"], state["accum_update"], self._lr(values, dtype),
             self._const("_rho", dtype), self._const("_epsilon", dtype),
         )
-        return var, {"accum_grad": accum_grad, "accum_var": accum_var}
+        return var, {"accum": accum, "accum_update": accum_update}
 
 
 class _TF1RMSProp(_TF1Rule):
@@ -150,11 +188,12 @@ class _TF1RMSProp(_TF1Rule):
 
 class _TF1Ftrl(_TF1Rule):
     """FtrlOptimizer: `_kernel_ftrl`, l2 adjusted by beta / (2 max(lr, 1e-36)) as in
-    its `_prepare`; V2 (with shrinkage) when l2_shrinkage > 0."""
+    its `_prepare`; V2 (with shrinkage) when l2_shrinkage > 0. Slots named as TF1's:
+    `accum`, `linear`."""
 
     def __init__(self, optimizer):
         slots = (
-            SlotSpec("accumulator", float(optimizer._initial_accumulator_value)),
+            SlotSpec("accum", float(optimizer._initial_accumulator_value)),
             SlotSpec("linear", 0.0),
         )
         super().__init__(optimizer, slots)
@@ -173,11 +212,11 @@ class _TF1Ftrl(_TF1Rule):
         if opt._l2_shrinkage_regularization_strength > 0.0:
             shrinkage = self._const("_l2_shrinkage_regularization_strength", dtype)
         var, accum, linear = _kernel_ftrl(
-            var, grad, state["accumulator"], state["linear"], self._lr(values, dtype),
+            var, grad, state["accum"], state["linear"], self._lr(values, dtype),
             self._const("_l1_regularization_strength", dtype), _cast(adjusted_l2, dtype),
             shrinkage, self._const("_learning_rate_power", dtype),
         )
-        return var, {"accumulator": accum, "linear": linear}
+        return var, {"accum": accum, "linear": linear}
 
 
 class _TF1ProximalAdagrad(_TF1Rule):
@@ -202,3 +241,81 @@ class _TF1ProximalAdagrad(_TF1Rule):
             / (1.0 + l2 * learning_rate)
         )
         return var, {"accumulator": accumulator}
+
+
+class _TF1ProximalGradientDescent(_TF1Rule):
+    """ProximalGradientDescentOptimizer, (Resource)SparseApplyProximalGradientDescent:
+        p = w - g * lr
+        w = sign(p) * max(|p| - lr * l1, 0) / (1 + l2 * lr)   (l1 > 0)
+        w = p / (1 + l2 * lr)                                  (l1 == 0)
+    The kernel computes rows of one element (dim 1) on another path, which divides in
+    double by 1.0 + l2 * lr (a double): so does the rule for dim 1.
+    """
+
+    def _update(self, var, grad, state, values, dtype):
+        lr = self._lr(values, dtype)
+        l1 = self._const("_l1_regularization_strength", dtype)
+        l2 = self._const("_l2_regularization_strength", dtype)
+        prox = var - grad * lr
+        shrunk = tf.where(l1 > 0, tf.sign(prox) * tf.maximum(tf.abs(prox) - lr * l1, 0.0), prox)
+        if var.shape[-1] == 1:
+            denominator = 1.0 + tf.cast(l2 * lr, tf.float64)
+            return tf.cast(tf.cast(shrunk, tf.float64) / denominator, dtype), {}
+        return shrunk / (1.0 + l2 * lr), {}
+
+
+class _TF1AdagradDA(_TF1Rule):
+    """AdagradDAOptimizer, (Resource)SparseApplyAdagradDA, with T = the optimizer's
+    `global_step` + 1 (read before this step advances it, as its `_prepare` does):
+        ga += g;  da += g^2
+        w = -sign(ga) * max(|ga| / T - l1, 0) / (l2 + sqrt(da) / (T * lr))   (l1 > 0)
+        w = -(ga / T) / (l2 + sqrt(da) / (T * lr))                          (l1 == 0)
+    For rows of one element (dim 1) the kernel takes another path, in double, with
+    the same value arranged differently: w = -ga * lr / (T * l2 * lr + sqrt(da)) (and
+    sign(-ga) * lr * max(|ga| - T * l1, 0) / (...) for l1 > 0); so does the rule.
+    """
+
+    def __init__(self, optimizer):
+        initial = float(optimizer._initial_gradient_squared_accumulator_value)
+        slots = (
+            SlotSpec("gradient_accumulator", 0.0),
+            SlotSpec("gradient_squared_accumulator", initial),
+        )
+        super().__init__(optimizer, slots)
+
+    def _extra_step_values(self, step):
+        global_step = tf.cast(tf.identity(self.optimizer._global_step), tf.int64)
+        return {"global_step": global_step + 1}
+
+    def _update(self, var, grad, state, values, dtype):
+        lr = self._lr(values, dtype)
+        l1 = self._const("_l1_regularization_strength", dtype)
+        l2 = self._const("_l2_regularization_strength", dtype)
+        ga, da = state["gradient_accumulator"], state["gradient_squared_accumulator"]
+        if var.shape[-1] == 1:
+            var, ga, da = self._one_column(ga, da, grad, lr, l1, l2, values["global_step"], dtype)
+        else:
+            ga = ga + grad
+            da = da + tf.square(grad)
+            steps = tf.cast(values["global_step"], dtype)
+            denominator = l2 + tf.sqrt(da) / (steps * lr)
+            numerator = tf.where(
+                l1 > 0, -tf.sign(ga) * tf.maximum(tf.abs(ga) / steps - l1, 0.0), -(ga / steps)
+            )
+            var = numerator / denominator
+        return var, {"gradient_accumulator": ga, "gradient_squared_accumulator": da}
+
+    @staticmethod
+    def _one_column(ga, da, grad, lr, l1, l2, global_step, dtype):
+        """The kernel's path for dim 1: doubles, rounded to `dtype` where it stores."""
+        f64 = tf.float64
+        g = tf.cast(grad, f64)
+        ga = tf.cast(tf.cast(ga, f64) + g, dtype)
+        da = tf.cast(tf.cast(da, f64) + g * g, dtype)
+        lr, l1, l2, steps = (tf.cast(x, f64) for x in (lr, l1, l2, global_step))
+        denominator = steps * l2 * lr + tf.cast(tf.sqrt(da), f64)
+        with_l1 = (
+            tf.cast(tf.sign(-ga), f64) * lr * tf.maximum(tf.cast(tf.abs(ga), f64) - steps * l1, 0.0)
+        )
+        numerator = tf.where(l1 > 0, with_l1, tf.cast(-ga, f64) * lr)
+        return tf.cast(numerator / denominator, dtype), ga, da
