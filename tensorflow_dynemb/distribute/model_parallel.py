@@ -102,10 +102,12 @@ class ModelParallelRows(TrainableRows):
     # `occurrences` (consume_distinct), also when several lookups share the buffer.
     sums_per_row = True
 
-    def _create_buffers(self, initial_rows: tf.Tensor, device) -> None:
-        super()._create_buffers(initial_rows, device)
+    def _create_buffers(self, initial_rows: tf.Tensor, device, name: str, ids) -> None:
+        super()._create_buffers(initial_rows, device, name, ids)
         with _outside_strategy():
-            self.occurrences = _buffer(tf.zeros([0], tf.int32), "occurrences", False, False)
+            self.occurrences = _buffer(
+                tf.zeros([0], tf.int32), f"{name}_occurrences", False, False
+            )
 
     def read(self, flat_ids: tf.Tensor) -> tf.Tensor:
         params = self.params
