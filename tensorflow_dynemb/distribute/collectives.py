@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tensorflow_dynemb.distribute.cluster import WorkerGroup, collective_timeout
 
-__all__ = ["Exchange", "all_gather", "padded_bytes"]
+__all__ = ["Exchange", "all_gather", "gather_rows", "padded_bytes"]
 
 
 def _collective_args(group: WorkerGroup):
@@ -157,3 +157,25 @@ def padded_bytes(counts, row_bytes: int) -> int:
     rows = [list(map(int, row)) for row in counts]
     chunk = max(1, max(max(row) for row in rows))
     return (len(rows) - 1) * chunk * int(row_bytes)
+
+
+# Dtypes TF's collectives do not take, and what they travel as.
+_WIRE = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32}
+
+
+def gather_rows(group: WorkerGroup, tensor: tf.Tensor, name: str) -> tf.Tensor:
+    """Every worker's `[n_i, ...]` `tensor` (`n_i` may differ), concatenated along axis
+    0 in rank order, on every worker: the sizes are all-gathered first, then each
+    worker's rows are padded to the largest and all-gathered. Works eagerly too."""
+    tensor = tf.convert_to_tensor(tensor)
+    dtype = tensor.dtype
+    wire = _WIRE.get(dtype, dtype)
+    tensor = tf.cast(tensor, wire) if wire != dtype else tensor
+    size = tf.shape(tensor)[0]
+    sizes = all_gather(group, size[tf.newaxis], name=f"{name}_sizes")
+    width = tf.maximum(tf.reduce_max(sizes), 1)
+    padding = [[0, width - size]] + [[0, 0]] * (tensor.shape.rank - 1)
+    gathered = all_gather(group, tf.pad(tensor, padding), name=name)
+    starts = tf.range(group.num_workers) * width
+    rows = tf.gather(gathered, tf.ragged.range(starts, starts + sizes).flat_values)
+    return tf.cast(rows, dtype) if wire != dtype else rows

@@ -34,6 +34,7 @@ from typing import Dict, List, NamedTuple, Optional
 import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
+from tensorflow_dynemb.distribute import checkpoint as _slices
 
 try:  # No public API registers a checkpoint saver; TF 2.16-2.21 all have this one.
     from tensorflow.python.saved_model import registration as _registration
@@ -84,6 +85,9 @@ class CheckpointTables(NamedTuple):
     # Whether a restore may send each key to table `default_partition_fn(key,
     # len(tables))` (always true of one table).
     routes_by_default: bool = True
+    # Whether the tables are one worker's slice of a model-parallel variable, saved
+    # beside the chief's checkpoint by every worker (distribute/checkpoint.py).
+    sliced: bool = False
 
 
 # At most this many bundle files per device and save, and at least this many rows each.
@@ -187,10 +191,15 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
     """The registered saver's save function: writes every object's content into
     bundles beside `file_prefix` and returns their prefixes, which TF merges into the
     checkpoint."""
+    sliced, trackables = [], dict(trackables)
+    for name in list(trackables):
+        spec = getattr(trackables[name], _TABLES_HOOK)()
+        if spec.sliced:
+            sliced.append((_object_path(name), trackables.pop(name), spec))
+    prefixes = _slices.save_slices(sliced, file_prefix, _stream_device) if sliced else []
     streamed, exported = _split_by_device(trackables, restoring=False)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
 
-    prefixes = []
     for i, (device, entries) in enumerate(streamed):
         with tf.device(device):
             prefixes += ops.dynemb_save_tables_to_bundle(
@@ -223,6 +232,14 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
     """The registered saver's restore function: streams the checkpoint into the
     tables it can (DynembRestoreTablesFromBundle); reads the other objects' whole
     tensors (TF assembles streamed slices) for their `_restore_from_tensors`."""
+    # Checkpoints of model-parallel variables hold every worker's slice: read them all.
+    paths = {_object_path(name): name for name in trackables}
+    trackables = dict(trackables)
+    for path, (num, with_scores) in _slices.sliced_objects(list(paths), merged_prefix).items():
+        obj = trackables.pop(paths[path])
+        tables = getattr(obj, _TABLES_HOOK)().tables
+        dtypes = (tables[0].key_dtype, tables[0].value_dtype)
+        _slices.restore_slices(obj, path, merged_prefix, num, with_scores, dtypes)
     streamed, whole = _split_by_device(trackables, restoring=True)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
 
