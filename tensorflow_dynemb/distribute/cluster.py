@@ -109,7 +109,10 @@ def current_group() -> Optional[WorkerGroup]:
     num_workers = strategy.num_replicas_in_sync
     if num_workers <= 1:
         return None
-    return WorkerGroup(num_workers, _rank(strategy.cluster_resolver), local_devices[0], strategy)
+    # The device without its job and task: this worker's own (its default), and what a
+    # SavedModel of the tables records, so that it loads in a process of another job.
+    device = tf.DeviceSpec.from_string(local_devices[0]).replace(job=None, replica=None, task=None)
+    return WorkerGroup(num_workers, _rank(strategy.cluster_resolver), device.to_string(), strategy)
 
 
 def in_replica_context_of(group: WorkerGroup) -> bool:

@@ -174,7 +174,10 @@ def gather_rows(group: WorkerGroup, tensor: tf.Tensor, name: str) -> tf.Tensor:
     size = tf.shape(tensor)[0]
     sizes = all_gather(group, size[tf.newaxis], name=f"{name}_sizes")
     width = tf.maximum(tf.reduce_max(sizes), 1)
-    padding = [[0, width - size]] + [[0, 0]] * (tensor.shape.rank - 1)
+    # (The rank may be unknown while tracing: a table's export has no static shape.)
+    padding = tf.concat(
+        [[[0, width - size]], tf.zeros(tf.stack([tf.rank(tensor) - 1, 2]), tf.int32)], 0
+    )
     gathered = all_gather(group, tf.pad(tensor, padding), name=name)
     starts = tf.range(group.num_workers) * width
     rows = tf.gather(gathered, tf.ragged.range(starts, starts + sizes).flat_values)

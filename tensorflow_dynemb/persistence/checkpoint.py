@@ -95,7 +95,7 @@ _MAX_FILES = 4
 _MIN_ROWS_PER_FILE = 1 << 20
 
 
-def _writing_saved_model() -> bool:
+def writing_saved_model() -> bool:
     """Whether a SavedModel is being written: in its save context, or writing its
     variables, which `save_and_return_nodes` does after leaving that context."""
     if _export_context.in_saved_model_save():
@@ -119,7 +119,7 @@ def _streams(obj) -> bool:
     hook = getattr(obj, _TABLES_HOOK, None)
     if hook is None or hook() is None:
         return False
-    return not in_tf1_graph() and not _writing_saved_model()
+    return not in_tf1_graph() and not writing_saved_model()
 
 
 def _object_path(name: str) -> str:

@@ -174,9 +174,11 @@ class VariableContent:
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
             return {}
-        if self.worker_group is not None:
-            # A Keras weight file or a SavedModel being written on every worker: the
-            # whole content, gathered (tf.train.Checkpoint saves slices instead).
+        if self.worker_group is not None and tf.executing_eagerly():
+            # A Keras weight file or a SavedModel's variables being written on every
+            # worker: the whole content, gathered (tf.train.Checkpoint saves slices
+            # instead). Traced (the save function a SavedModel keeps for its loaded
+            # objects, which are single-process): the slice, with no collective.
             content = _slices.gather_content(self, self._checkpoint_scores)
         else:
             content = self._local_content(self._checkpoint_scores)

@@ -43,7 +43,12 @@ from tensorflow_dynemb._convert import (
     convert,
     flat_rows,
 )
-from tensorflow_dynemb.persistence.checkpoint import Untracked, in_tf1_graph, register_for_tf1_saver
+from tensorflow_dynemb.persistence.checkpoint import (
+    Untracked,
+    in_tf1_graph,
+    register_for_tf1_saver,
+    writing_saved_model,
+)
 from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.distribute import cluster as _cluster
@@ -411,8 +416,9 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
     def _owned(self, flat_keys: tf.Tensor, *tensors: tf.Tensor):
         """`(flat_keys, *tensors)` restricted to the keys this worker owns, for a
         model-parallel variable (the others belong in other workers' slices); as they
-        are otherwise."""
-        if self.worker_group is None:
+        are otherwise. Not while a SavedModel is written: the restore function it
+        traces serves loaded, single-process copies, which hold every key."""
+        if self.worker_group is None or writing_saved_model():
             return (flat_keys, *tensors)
         _model_parallel._check_keys(self)
         mine = tf.equal(_model_parallel.destinations(self, flat_keys), self.worker_group.rank)
