@@ -38,11 +38,17 @@ from typing import Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb.distribute.cluster import WorkerGroup
-from tensorflow_dynemb.distribute.collectives import Exchange
+from tensorflow_dynemb.distribute.collectives import Exchange, gather_rows
 from tensorflow_dynemb.variable import step_ops
 from tensorflow_dynemb.variable.trainable import TrainableRows, _buffer, _outside_strategy
 
-__all__ = ["ModelParallelRows", "exchange_find", "destinations"]
+__all__ = [
+    "ModelParallelRows",
+    "exchange_find",
+    "destinations",
+    "global_top_k",
+    "total_over_workers",
+]
 
 
 def destinations(params, keys: tf.Tensor) -> tf.Tensor:
@@ -146,3 +152,49 @@ class ModelParallelRows(TrainableRows):
         with tf.control_dependencies([gradient.values, gradient.indices]):
             counts = self.occurrences.read_value()
         return keys, old_rows, exists, grad, counts
+
+
+# ---------------------------------------------------------------------------------------
+# Whole-variable quantities of a model-parallel variable (restrict, statistics)
+# ---------------------------------------------------------------------------------------
+
+
+def total_over_workers(group: WorkerGroup, value: tf.Tensor, name: str) -> tf.Tensor:
+    """The sum over the workers of a scalar `value` (every worker must call it)."""
+    value = tf.convert_to_tensor(value)
+    return tf.reduce_sum(gather_rows(group, value[tf.newaxis], name=name))
+
+
+def _ranked(keys: tf.Tensor, rank: tf.Tensor) -> tf.Tensor:
+    """The order of entries by `rank` descending, then key ascending (a total order:
+    keys are distinct), as positions."""
+    by_key = tf.argsort(keys, stable=True)
+    by_rank = tf.argsort(tf.gather(rank, by_key), direction="DESCENDING", stable=True)
+    return tf.gather(by_key, by_rank)
+
+
+def global_top_k(group: WorkerGroup, keys: tf.Tensor, rank: tf.Tensor, k: int, name: str):
+    """Which of this worker's `keys` (distinct across workers) are among the `k`
+    highest-ranked of every worker's, by `rank` (int64) descending, then key ascending.
+
+    Each worker sends its own `k` best candidates; every worker finds the `k`-th of all
+    candidates the same way and keeps its keys that rank at least as high.
+
+    Returns:
+      A bool mask of `keys`.
+    """
+    order = _ranked(keys, rank)[:k]
+    candidates_keys = gather_rows(group, tf.gather(keys, order), name=f"{name}_keys")
+    candidates_rank = gather_rows(group, tf.gather(rank, order), name=f"{name}_ranks")
+    if k == 0:
+        return tf.zeros(tf.shape(keys), tf.bool)
+    best = _ranked(candidates_keys, candidates_rank)
+    enough = tf.size(best) > k  # otherwise every key stays
+    # The k-th candidate (with a stand-in when there are none, unused then).
+    last = tf.concat([best, [0]], 0)[tf.maximum(tf.minimum(k, tf.size(best)) - 1, 0)]
+    threshold_rank = tf.concat([candidates_rank, tf.zeros([1], rank.dtype)], 0)[last]
+    threshold_key = tf.concat([candidates_keys, tf.zeros([1], keys.dtype)], 0)[last]
+    above = tf.logical_or(
+        rank > threshold_rank, tf.logical_and(tf.equal(rank, threshold_rank), keys <= threshold_key)
+    )
+    return tf.logical_or(above, tf.logical_not(enough))

@@ -12,6 +12,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorflow_dynemb.distribute.cluster import current_group
+from tensorflow_dynemb.distribute.collectives import gather_rows
 from tensorflow_dynemb.variable import step_ops
 from tensorflow_dynemb.training.accumulation import GradientAccumulation
 from tensorflow_dynemb.training.rules import FusedStep, SparseRule, get_rule
@@ -142,7 +144,12 @@ class SparseApplier:
         per key over the replicas (duplicated ids across replicas add up, like a dense
         variable's all-reduced gradient), and applied once. Elsewhere (no strategy, a
         single replica, or a ParameterServerStrategy worker, which updates the tables
-        on its own): `apply`."""
+        on its own): `apply`.
+
+        Under a MultiWorkerMirroredStrategy of several workers, model-parallel variables
+        are applied locally (see below), and any other variable (made with `devices`:
+        a full copy on every worker) also gathers the other workers' gradients, so that
+        every worker applies the same update to its copy and the copies stay equal."""
         context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
         if context is None or context.num_replicas_in_sync == 1 or not sparse:
             return self.apply(sparse, step)
@@ -159,10 +166,17 @@ class SparseApplier:
         tensors = [tuple(update)[1:] for update in sparse]
 
         def merge(strategy, tensors, step):
+            workers = current_group()  # None unless several MultiWorkerMirrored workers
+
+            def every_replica(value, name):
+                local = tf.concat(strategy.experimental_local_results(value), 0)
+                return local if workers is None else gather_rows(workers, local, name)
+
             merged = []
             for variable, fields in zip(params, tensors):
                 keys, old_rows, exists, grads, counts = (
-                    tf.concat(strategy.experimental_local_results(f), 0) for f in fields
+                    every_replica(f, f"{variable._unique_name}_replicated_{i}")
+                    for i, f in enumerate(fields)
                 )
                 merged.append(_sum_by_key(variable, keys, old_rows, exists, grads, counts))
             # The step numbers are the same in every replica.
