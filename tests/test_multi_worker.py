@@ -418,3 +418,66 @@ def test_stalled_worker_ends_the_step_at_the_collective_timeout():
     assert failure["type"] == "DeadlineExceededError"
     assert "timed out" in failure["message"]
     assert 5 <= failure["seconds"] < 40
+
+
+# ----------------------------------------------------------------------------------------
+# In-process: what needs no cluster
+# ----------------------------------------------------------------------------------------
+
+
+def test_variables_are_model_parallel_only_under_a_multi_worker_strategy():
+    import tensorflow as tf
+    import tensorflow_dynemb as de
+
+    assert de.Variable(dim=2).worker_group is None
+    with tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"]).scope():
+        assert de.Variable(dim=2).worker_group is None
+
+
+class _FakeStrategy:
+    """Just what `collective_timeout` reads of a MultiWorkerMirroredStrategy."""
+
+    def __init__(self, timeout):
+        from types import SimpleNamespace
+
+        launcher = SimpleNamespace(
+            _group_key=1,
+            _group_size=2,
+            _next_instance_key=None,
+            _get_ordering_token=None,
+            _options=SimpleNamespace(timeout_seconds=timeout),
+        )
+        self.extended = SimpleNamespace(_cross_device_ops=SimpleNamespace(_launchers=[launcher]))
+
+
+@pytest.mark.parametrize(
+    "env, strategy_timeout, expected",
+    [("5", None, 5.0), ("0.5", 30, 0.5), (None, 30, 30.0), (None, None, 600.0)],
+)
+def test_collective_timeout_from_environment_then_strategy_then_default(
+    monkeypatch, env, strategy_timeout, expected
+):
+    from tensorflow_dynemb.distribute import TIMEOUT_ENV, WorkerGroup, collective_timeout
+
+    if env is None:
+        monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(TIMEOUT_ENV, env)
+    group = WorkerGroup(2, 0, "/device:CPU:0", _FakeStrategy(strategy_timeout))
+    assert collective_timeout(group) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_collective_timeout_rejects_a_bad_setting(monkeypatch, value):
+    from tensorflow_dynemb.distribute import TIMEOUT_ENV, WorkerGroup, collective_timeout
+
+    monkeypatch.setenv(TIMEOUT_ENV, value)
+    with pytest.raises(ValueError, match=f"{TIMEOUT_ENV} must be a positive number.*{value!r}"):
+        collective_timeout(WorkerGroup(2, 0, "/device:CPU:0", _FakeStrategy(None)))
+
+
+def test_padded_bytes_counts_every_remote_chunk_at_the_largest_count():
+    from tensorflow_dynemb.distribute.collectives import padded_bytes
+
+    assert padded_bytes([[1, 3], [2, 0]], 10) == 30  # one remote chunk of 3 entries
+    assert padded_bytes([[0, 0, 0]] * 3, 10) == 20  # empty: chunks of one padding entry

@@ -117,11 +117,24 @@ def current_group() -> Optional[WorkerGroup]:
 
 def in_replica_context_of(group: WorkerGroup) -> bool:
     """Whether ops built now run once per worker in a step of `group`'s strategy
-    (inside `strategy.run`), where every worker builds the same collectives."""
+    (inside `strategy.run`), where every worker builds the same collectives.
+
+    Raises:
+      ValueError: inside `strategy.run` of another MultiWorkerMirroredStrategy (the
+        variable's slices belong to the one it was made under).
+    """
     if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
         return False
     context = tf.distribute.get_replica_context()
-    return context is not None and context.strategy is group.strategy
+    if context is None:
+        return False
+    if context.strategy is not group.strategy and _is_multi_worker(context.strategy):
+        raise ValueError(
+            "A model-parallel de.Variable is looked up inside strategy.run of another "
+            "MultiWorkerMirroredStrategy than the one it was made under; make the "
+            "variables (and Keras models) under the strategy that runs the steps."
+        )
+    return context.strategy is group.strategy
 
 
 def _launcher(strategy):
