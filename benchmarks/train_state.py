@@ -30,6 +30,13 @@ one takes every place in the order.
   cache, and once the machine's dirty pages pass ~10% of memory the kernel throttles the
   writer to the disk's speed (here 2.2 GB `dd` writes took 1.0 s with nothing dirty and
   3.9-6.6 s back to back), which would make a save's time depend on its predecessor.
+- files (`--modes files`, ours only): the streaming file path instead of a checkpoint:
+  each variable's `save_to_file_system(dir, file_name=name)` (every shard one file,
+  checksummed, synced, committed by a manifest; `--file-sync 0`: unsynced, through the
+  page cache), then `load_from_file_system` into
+  empty variables in a fresh process (timed until their `size()` answers); keys/s and
+  file bytes as for checkpoints. To compare two builds of the package, run this with
+  each on PYTHONPATH in turn (the children inherit it).
 - the writer's floor (`dense`, checkpoint mode only): dense `tf.Variable`s holding TFRA's
   bytes per key (an int64 key and a dim-wide float32 row for each of params, m and v),
   written and read through the same `tf.train.Checkpoint` calls. No table code runs, so
@@ -134,6 +141,19 @@ def run_child(args):
             result["restore_peak_bytes_per_key"] = (_rss_bytes("VmHWM") - rss0) / n
         print_result(result)
         return
+    if args.mode == "files-restore":
+        variables = _make_vars(args.child, dim, "state")
+        rss0 = _rss_bytes()
+        t0 = time.perf_counter()
+        for name, var in variables.items():
+            var.load_from_file_system(args.ckpt_dir, file_name=name)
+        sizes = _sizes(variables)  # waits for the loads
+        restore_s = time.perf_counter() - t0
+        print_result({
+            "impl": args.child, "mode": "files-restore", "keys": n, "dim": dim, "tf": tf.__version__,
+            "restore_seconds": restore_s, "restore_keys_per_s": n / restore_s,
+            "restored_sizes": sizes, "restore_rss_delta_per_key": (_rss_bytes() - rss0) / n})
+        return
     rng = np.random.default_rng(0)
     keys = tf.constant(rng.integers(1, 2 ** 62, size=n, dtype=np.int64))
     values = tf.constant(rng.standard_normal((batch, dim), dtype=np.float32))
@@ -164,6 +184,8 @@ def run_child(args):
     if args.mode == "memory":
         result.update(rss_before=rss0, rss_after=rss1, bytes_per_key=(rss1 - rss0) / sizes[0])
         print_result(result)
+    elif args.mode == "files":
+        _write_files(args, variables, result)
     else:
         _write_checkpoint(args, variables, result)
 
@@ -190,6 +212,25 @@ def _write_checkpoint(args, variables, result):
     print_result(result)
 
 
+def _write_files(args, variables, result):
+    """Times every variable's `save_to_file_system` into --ckpt-dir (the parent hands
+    the directory to a fresh "files-restore" child) and prints `result`."""
+    n = args.keys
+    t0 = time.perf_counter()
+    # --file-sync 0: page cache, unsynced, as saves were before generations (the
+    # option does not exist in those builds: leave it at 1 there).
+    sync = {} if args.file_sync else {"sync": False}
+    for name, var in variables.items():
+        var.save_to_file_system(args.ckpt_dir, file_name=name, **sync)
+    save_s = time.perf_counter() - t0
+    file_bytes = sum(
+        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.ckpt_dir) for f in files
+    )
+    result.update(save_seconds=save_s, save_keys_per_s=n / save_s, file_bytes=file_bytes,
+                  file_bytes_per_key=file_bytes / n)
+    print_result(result)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keys", type=int, default=10 * 1024 * 1024)
@@ -200,6 +241,8 @@ def main():
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="leave out the writer's floor (dense variables) in checkpoint mode")
     p.add_argument("--modes", default="memory,checkpoint")
+    p.add_argument("--file-sync", type=int, default=1,
+                   help="files mode: 0 saves unsynced, through the page cache (sync=False)")
     p.add_argument("--tmpdir", default=None, help="where checkpoints are written (default: $TMPDIR)")
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -220,12 +263,15 @@ def main():
     for mode in args.modes.split(","):
         for r in range(args.rounds):
             mode_impls = impls + ["dense"] if mode == "checkpoint" and args.floor else impls
+            if mode == "files":
+                mode_impls = [i for i in mode_impls if i == "ours"]  # our file format only
             # Each round starts one later, so every child takes every place in turn: a
             # child's speed depends on what ran before it (memory the guest got back).
             shift = r % len(mode_impls)
             for impl in mode_impls[shift:] + mode_impls[:shift]:
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", impl,
-                       "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch)]
+                       "--keys", str(args.keys), "--dim", str(args.dim), "--batch", str(args.batch),
+                       "--file-sync", str(args.file_sync)]
                 ckpt_dir = tempfile.mkdtemp(prefix="dynemb_ckpt_", dir=args.tmpdir)
                 # Every child starts with no dirty page cache: a save writes ~2 GB, and
                 # the kernel throttles a writer to the disk's speed once the dirty pages
@@ -234,8 +280,9 @@ def main():
                 os.sync()
                 try:
                     res = spawn_child(cmd + ["--mode", mode, "--ckpt-dir", ckpt_dir], env)[0]
-                    if res is not None and mode == "checkpoint":
-                        restored = spawn_child(cmd + ["--mode", "restore", "--ckpt-dir", ckpt_dir], env)[0]
+                    if res is not None and mode in ("checkpoint", "files"):
+                        restore_mode = "restore" if mode == "checkpoint" else "files-restore"
+                        restored = spawn_child(cmd + ["--mode", restore_mode, "--ckpt-dir", ckpt_dir], env)[0]
                         res = None if restored is None else {**res, **restored, "mode": mode}
                 finally:
                     shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -248,6 +295,11 @@ def main():
                     print(f"{mode} round {r} {impl:5s}: {res['bytes_per_key']:.1f} B/key "
                           f"({res['bytes_per_key'] / payload:.2f}x payload {payload} B); "
                           f"fill {res['fill_seconds']:.1f} s", flush=True)
+                elif mode == "files":
+                    print(f"{mode} round {r} {impl:5s}: save {res['save_keys_per_s'] / 1e6:.2f} M keys/s "
+                          f"({res['save_seconds']:.2f} s), load {res['restore_keys_per_s'] / 1e6:.2f} M keys/s "
+                          f"({res['restore_seconds']:.2f} s), files {res['file_bytes_per_key']:.1f} B/key, "
+                          f"restored {res['restored_sizes']}", flush=True)
                 else:
                     print(f"{mode} round {r} {impl:5s}: save {res['save_keys_per_s'] / 1e6:.2f} M keys/s "
                           f"({res['save_seconds']:.2f} s, peak +{res.get('save_peak_extra_bytes_per_key', 0):.0f} B/key), restore {res['restore_keys_per_s'] / 1e6:.2f} M keys/s "
@@ -266,6 +318,11 @@ def main():
         mem = ok(impl, "memory")
         if mem:
             s["bytes_per_key"] = sorted(x["bytes_per_key"] for x in mem)
+        fl = ok(impl, "files")
+        if fl:
+            s["files_save_keys_per_s"] = sorted(x["save_keys_per_s"] for x in fl)
+            s["files_load_keys_per_s"] = sorted(x["restore_keys_per_s"] for x in fl)
+            s["files_bytes_per_key"] = sorted(x["file_bytes_per_key"] for x in fl)
         ck = ok(impl, "checkpoint")
         if ck:
             for field in ("save_keys_per_s", "restore_keys_per_s", "file_bytes_per_key",

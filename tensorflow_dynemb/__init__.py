@@ -29,6 +29,7 @@ from tensorflow_dynemb.variable import (
     safe_embedding_lookup_sparse,
     split_feature_keys,
 )
+from tensorflow_dynemb.persistence import FileSystemSaver, FileSystemSaverConfig
 from tensorflow_dynemb.training import DynamicEmbeddingOptimizer
 from tensorflow_dynemb.model_mode import (
     ModelMode,
@@ -61,6 +62,8 @@ __all__ = [
     "CuckooHashTable",
     "CuckooHashTableCreator",
     "DynamicEmbeddingOptimizer",
+    "FileSystemSaver",
+    "FileSystemSaverConfig",
     "FrequencyAdmitPolicy",
     "FrequencyRestrictPolicy",
     "RestrictPolicy",

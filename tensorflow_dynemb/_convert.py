@@ -30,6 +30,13 @@ VALUE_DTYPES = (
 )
 
 
+class DTypeError(TypeError, ValueError):
+    """A tensor of another dtype than the table's (`convert`).
+
+    A `TypeError`, as API.md promises; also a `ValueError`, which is what TFRA raises
+    for a dtype mismatch, so that TFRA code catching `ValueError` keeps working."""
+
+
 def _is_tensor_like(value: Any) -> bool:
     """True for TF tensors, TF/Keras variables and other objects that carry a TF dtype."""
     if isinstance(value, (np.ndarray, np.generic)):
@@ -54,17 +61,21 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     A tensor (or variable) must already have `dtype`: it is never cast silently. Python
     lists, scalars and NumPy arrays are converted, unless the conversion would change a
     value (a float or string into an integer, an integer out of the range of `dtype`).
+
+    Raises:
+      DTypeError (a `TypeError` and a `ValueError`): `value` has another dtype.
+      ValueError: an integer out of the range of `dtype`.
     """
     if _is_tensor_like(value):
         try:
             received = tf.as_dtype(value.dtype)
         except TypeError as e:
-            raise TypeError(
+            raise DTypeError(
                 f"`{arg}` must be a tensor of dtype {dtype.name}; got {type(value).__name__} "
                 f"with dtype {value.dtype!r}."
             ) from e
         if received != dtype:
-            raise TypeError(
+            raise DTypeError(
                 f"`{arg}` must have dtype {dtype.name} (the table's dtype), "
                 f"got a tensor of dtype {received.name}."
             )
@@ -73,7 +84,7 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     array = np.asarray(value) if not isinstance(value, (str, bytes)) else None
     if array is not None and array.size > 0:
         if array.dtype.kind not in _accepted_numpy_kinds(dtype):
-            raise TypeError(
+            raise DTypeError(
                 f"`{arg}` must hold values convertible to {dtype.name} (the table's dtype), "
                 f"got {type(value).__name__} of NumPy dtype {array.dtype}."
             )
@@ -88,7 +99,7 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     try:
         return tf.convert_to_tensor(value, dtype=dtype, name=arg)
     except (TypeError, ValueError) as e:
-        raise TypeError(
+        raise DTypeError(
             f"`{arg}` could not be converted to {dtype.name} (the table's dtype): {e}"
         ) from e
 
@@ -146,3 +157,36 @@ def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DT
         with tf.control_dependencies([check]):
             values = tf.identity(values)
     return tf.reshape(values, [-1, dim])
+
+
+def flat_keyed(keys: tf.Tensor, tensor: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
+    """`tensor` converted to `dtype` and checked to be `keys.shape` (one entry per key,
+    like `exists`), as a vector.
+
+    Checked as `flat_rows` checks rows: a shape known to differ is an error before any
+    op runs; a shape known only at run time (a `tf.function` with unknown shapes) is
+    checked by an op the result depends on, before the flattening hides it (a
+    `[3, 1]` tensor has as many entries as `[3]` keys). The message starts with
+    "Expected shape".
+    """
+    tensor = convert(tensor, dtype, arg)
+    message = f"Expected shape {keys.shape} (keys.shape) for `{arg}`, got {tensor.shape}"
+    if not tensor.shape.is_compatible_with(keys.shape):
+        if tf.executing_eagerly():
+            raise tf.errors.InvalidArgumentError(None, None, message)
+        raise ValueError(message)
+    if not tensor.shape.is_fully_defined() or not keys.shape.is_fully_defined():
+        check = tf.debugging.assert_equal(
+            tf.size(tf.shape(tensor)), tf.size(tf.shape(keys)), message=message
+        )
+        with tf.control_dependencies([check]):
+            # Equal ranks first: assert_equal of two shapes of other ranks would fail
+            # on the comparison, not with this message.
+            same = tf.debugging.assert_equal(
+                tf.shape(tensor),
+                tf.reshape(tf.shape(keys), tf.shape(tf.shape(tensor))),
+                message=message,
+            )
+        with tf.control_dependencies([same]):
+            tensor = tf.identity(tensor)
+    return tf.reshape(tensor, [-1])

@@ -42,7 +42,8 @@ TABLE_OPS = [
     "DynembTableExport",
     "DynembTableImport",
     "DynembTableSaveToFile",
-    "DynembTableLoadFromFile",
+    "DynembTableStageLoad",
+    "DynembTableCommitLoad",
 ]
 # The GPU kernel's key-dtype attribute, for the ops that have one.
 KEY_ATTR = {
@@ -57,8 +58,10 @@ HOST_ARGS = {
     "DynembTableSize": {"size"},
     "DynembTableStats": {"size", "capacity", "max_capacity", "load_factor", "inserts",
                          "lookups", "misses", "evictions"},
-    "DynembTableSaveToFile": {"filepath"},
-    "DynembTableLoadFromFile": {"filepaths"},
+    "DynembTableSaveToFile": {"dirpath", "file_name", "save_id", "file_entry"},
+    "DynembTableStageLoad": {"manifest_paths", "filepaths", "expected_save_id", "staged",
+                             "save_ids"},
+    "DynembTableCommitLoad": {"staged"},
 }
 
 

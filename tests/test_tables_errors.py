@@ -260,7 +260,7 @@ def test_a_record_claiming_more_rows_than_its_file_is_data_loss(table, tmp_path)
     # A damaged row count and a huge chunk_rows once sized the read buffer by the count.
     header = b"DYNEMB\x00\x01" + struct.pack("<IIIIq", 1, 1, 0, 0, 2)  # v1, int64, float32, dim 2
     (tmp_path / "t.dynemb").write_bytes(header + struct.pack("<Q", 2**62))
-    with pytest.raises(tf.errors.DataLossError, match="ended early"):
+    with pytest.raises(tf.errors.DataLossError, match="ends early"):
         table.load_from_file_system(str(tmp_path), file_name="t.dynemb", chunk_rows=2**62)
     assert_unchanged(table)
 
@@ -325,3 +325,13 @@ def test_truncated_file_leaves_table_unchanged(tmp_path):
     keys, values = target.export()
     assert keys.numpy().tolist() == [-7]
     np.testing.assert_array_equal(values.numpy(), [[3.0, 4.0]])
+
+
+def test_a_dtype_mismatch_is_a_type_error_and_for_tfra_code_a_value_error():
+    table = de.HashTable(tf.int64, tf.int32, default_value=-1)
+    for error in (TypeError, ValueError):
+        with pytest.raises(error, match="`keys` must have dtype int64"):
+            table.insert(tf.constant([4.0, 5.0]), tf.constant([1, 2], tf.int32))
+    var = de.Variable(tf.int64, tf.int32, dim=1)
+    with pytest.raises(ValueError, match="`values` must have dtype int32"):
+        var.upsert(tf.constant([1], tf.int64), tf.constant([["a"]]))

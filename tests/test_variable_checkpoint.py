@@ -157,6 +157,19 @@ def test_checkpoint_restored_in_a_fresh_process():
 # ----------------------------------------------------------------------------------------
 
 
+def generation_files(directory, prefix, shards):
+    """The file names one generation of `prefix` with `shards` shards has, and its id."""
+    names = sorted(os.listdir(directory))
+    manifest = prefix + ".dynemb-manifest"
+    assert manifest in names, names
+    (save_id,) = {n.split(".")[-2] for n in names if n != manifest}
+    expected = sorted(
+        [manifest] + [f"{prefix}-{i:05d}-of-{shards:05d}.{save_id}.dynemb" for i in range(shards)]
+    )
+    assert names == expected
+    return save_id
+
+
 @pytest.mark.parametrize("saved_shards, loaded_shards", [(3, 3), (3, 2), (1, 4), (2, 1)])
 @pytest.mark.parametrize("key_dtype", [tf.int64, tf.string], ids=dtype_id)
 def test_files_load_into_any_number_of_shards(tmp_path, key_dtype, saved_shards, loaded_shards):
@@ -165,8 +178,7 @@ def test_files_load_into_any_number_of_shards(tmp_path, key_dtype, saved_shards,
     var = sharded(saved_shards, key_dtype, name="user_emb")
     var.upsert(keys, rng.standard_normal((300, 3)).astype(np.float32))
     var.save_to_file_system(str(tmp_path), chunk_rows=64)
-    files = sorted(os.listdir(tmp_path))
-    assert files == [f"user_emb-{i:05d}-of-{saved_shards:05d}.dynemb" for i in range(saved_shards)]
+    generation_files(tmp_path, "user_emb", saved_shards)
 
     loaded = sharded(loaded_shards, key_dtype, name="user_emb")
     loaded.upsert(make_keys(rng, key_dtype, 5, edges=False), np.ones([5, 3], np.float32))
@@ -184,7 +196,7 @@ def test_saving_again_with_fewer_shards_replaces_the_old_files(tmp_path):
     small = sharded(2, name="emb")
     small.upsert([1000, 1001], np.zeros([2, 3], np.float32))
     small.save_to_file_system(str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == [f"emb-{i:05d}-of-00002.dynemb" for i in range(2)]
+    generation_files(tmp_path, "emb", 2)  # the 3-shard generation is gone
     loaded = sharded(3, name="emb")
     loaded.load_from_file_system(str(tmp_path))
     assert sorted(loaded.export()[0].numpy().tolist()) == [1000, 1001]
@@ -203,14 +215,24 @@ def test_a_symbolic_directory_without_files_is_an_error_not_an_empty_variable(tm
     assert int(var.size()) == 3
 
 
-def test_a_mixed_set_of_files_is_refused(tmp_path):
+def test_a_symbolic_directory_saves_and_loads(tmp_path):
     var = sharded(2, name="emb")
-    var.upsert([1, 2], np.ones([2, 3], np.float32))
-    # A symbolic directory skips the cleanup of older sets (Python never sees it).
-    sharded(3, name="emb").save_to_file_system(str(tmp_path))
-    var.save_to_file_system(tf.constant(str(tmp_path)))
-    with pytest.raises(ValueError, match="mixed"):
-        sharded(2, name="emb").load_from_file_system(str(tmp_path))
+    var.upsert([1, 2, 3], np.ones([3, 3], np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def save(directory):
+        var.save_to_file_system(directory)
+
+    save(tf.constant(str(tmp_path)))
+    generation_files(tmp_path, "emb", 2)
+    loaded = sharded(3, name="emb")
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def load(directory):
+        loaded.load_from_file_system(directory)
+
+    load(tf.constant(str(tmp_path)))
+    assert_same_content(content(loaded), content(var))
 
 
 def test_file_load_without_clear_upserts(tmp_path):
@@ -224,17 +246,32 @@ def test_file_load_without_clear_upserts(tmp_path):
 
 
 def test_file_resharding_needs_the_default_partitioner(tmp_path):
+    modulo = lambda keys, n: tf.cast(keys % n, tf.int32)  # noqa: E731
     var = sharded(2, name="emb")
     var.upsert([1, 2], np.ones([2, 3], np.float32))
     var.save_to_file_system(str(tmp_path))
-    modulo = lambda keys, n: tf.cast(keys % n, tf.int32)  # noqa: E731
-    same = sharded(2, name="emb", partitioner=modulo)
-    same.load_from_file_system(str(tmp_path))  # same sharding: file i -> shard i
-    assert int(same.size()) == 2
-    other = sharded(3, name="emb", partitioner=modulo)
-    with pytest.raises(ValueError, match="default_partition_fn"):
-        other.load_from_file_system(str(tmp_path))
-    with pytest.raises(ValueError, match="no files"):
+    # Keys routed by default_partition_fn would sit in shards the modulo partitioner
+    # does not look in: refused, whatever the number of shards.
+    for shards in (2, 3):
+        other = sharded(shards, name="emb", partitioner=modulo)
+        other.upsert([9], np.ones([1, 3], np.float32))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="custom partitioner"):
+            other.load_from_file_system(str(tmp_path))
+        assert other.export()[0].numpy().tolist() == [9]
+    # Saved and loaded with the custom partitioner and as many shards: file i -> shard i.
+    custom = sharded(2, name="custom", partitioner=modulo)
+    custom.upsert([1, 2, 3], np.ones([3, 3], np.float32))
+    custom.save_to_file_system(str(tmp_path))
+    same = sharded(2, name="custom", partitioner=modulo)
+    same.load_from_file_system(str(tmp_path))
+    assert [int(same.size(i)) for i in range(2)] == [1, 2]
+    np.testing.assert_array_equal(same.lookup([1, 2, 3]).numpy(), np.ones([3, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="custom partitioner"):
+        sharded(3, name="custom").load_from_file_system(str(tmp_path))
+    one = sharded(1, name="custom")  # one shard needs no routing
+    one.load_from_file_system(str(tmp_path))
+    assert int(one.size()) == 3
+    with pytest.raises(ValueError, match="no save of `absent`"):
         sharded(2, name="absent").load_from_file_system(str(tmp_path))
 
 
@@ -242,7 +279,8 @@ def test_a_damaged_file_leaves_the_variable_unchanged(tmp_path):
     var = sharded(2, name="emb")
     var.upsert(np.arange(100, dtype=np.int64), np.ones([100, 3], np.float32))
     var.save_to_file_system(str(tmp_path))
-    path = tmp_path / "emb-00001-of-00002.dynemb"
+    save_id = generation_files(tmp_path, "emb", 2)
+    path = tmp_path / f"emb-00001-of-00002.{save_id}.dynemb"
     path.write_bytes(path.read_bytes()[:-20])
     other = sharded(3, name="emb")
     other.upsert([7], np.zeros([1, 3], np.float32))

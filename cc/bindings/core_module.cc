@@ -766,7 +766,10 @@ class PyTable {
     Status status;
     {
       py::gil_scoped_release release;
-      status = LoadTable({&source}, *table_, LoadOptions{chunk_rows, clear_first}, *runner_);
+      LoadOptions options;
+      options.chunk_rows = chunk_rows;
+      options.clear_first = clear_first;
+      status = LoadTable({&source}, *table_, options, *runner_);
     }
     ThrowIfError(status);
   }

@@ -1,28 +1,83 @@
 // Streaming save and load of a Table to a byte stream, in chunks, so that a
 // table larger than half the RAM can be saved: memory stays O(chunk_rows).
 //
-// Format (little-endian), version 1:
-//   header:  "DYNEMB\0\1" | u32 version | u32 key_type | u32 value_type |
-//            u32 reserved (0) | i64 dim
-//   records: u64 n (> 0), then n rows, each: key | u64 score | values, where a
-//            key is raw int32/int64 or (u32 length | bytes) for strings
-//   footer:  u64 0 | u64 total rows written
-// The footer's count detects truncation. Loading with clear_first reads the
-// whole stream once before it clears the table, so a damaged or mismatched
-// file leaves the table unchanged.
+// Format version 2 (little-endian), written by SaveTable:
+//   header (64 bytes):
+//     "DYNEMB\0\1" | u32 version (2) | u32 key_type | u32 value_type | u32 flags |
+//     i64 dim | char save_id[16] | i32 shard_index | i32 num_shards | u32 0 |
+//     u32 masked CRC32C of the 60 bytes before it
+//   blocks, each:
+//     u64 rows (> 0) | u64 payload bytes | u32 masked CRC32C of the payload |
+//     u32 masked CRC32C of the 20 bytes before it | payload: `rows` rows, each
+//     key | u64 score | values, where a key is raw int32/int64 or
+//     (u32 length | bytes) for strings
+//   footer: a block of 0 rows whose 16-byte payload is
+//     u64 total rows | u32 digest | u32 0; nothing follows it.
+// flags bit 0 (kRoutedFlag): every key k of the file has
+// ShardOfKey(k, num_shards) == shard_index (partition.h), so a load can check
+// that each key sits in the shard that owns it. `save_id` names the save
+// (generation, cc/core/generation.h) the file belongs to; a file saved on its
+// own has one too. The digest is the CRC32C of the header and of every
+// block's 24-byte head in order (payloads enter through their CRCs): one
+// number for the whole content, which a manifest records.
+//
+// Every block is checked before any of its rows is used: a flipped bit, a
+// truncation or a block from another file is kDataLoss naming the stream
+// and the byte offset. Version 1 files (header "DYNEMB\0\1" | u32 1 | ...,
+// records without checksums, a footer with the row count) are still read;
+// only their truncation is detectable.
 
 #ifndef DYNEMB_CORE_TABLE_IO_H_
 #define DYNEMB_CORE_TABLE_IO_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cc/core/table.h"
 
 namespace dynemb {
 
-// Writes every entry of `table` (keys, scores, values) to `sink` and closes it.
+// The format versions LoadTable reads, and the one SaveTable writes.
+constexpr uint32_t kTableFileVersion = 2;
+constexpr uint32_t kOldestTableFileVersion = 1;
+// Characters of a save id (lowercase hex).
+constexpr size_t kSaveIdChars = 16;
+constexpr uint32_t kRoutedFlag = 1;
+
+// How SaveTable writes one file.
+struct SaveOptions {
+  int64_t chunk_rows = 65536;  // rows read from the table at a time
+  std::string save_id;         // kSaveIdChars characters; empty: all '0'
+  int32_t shard_index = 0;     // which shard of a variable the file holds
+  int32_t num_shards = 1;
+  bool routed = false;  // the keys are routed by ShardOfKey (sets kRoutedFlag)
+};
+
+// What SaveTable wrote (a manifest's record of the file).
+struct SavedFile {
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  uint32_t digest = 0;
+};
+
+// Writes every entry of `table` (keys, scores, values) to `sink` in format
+// version 2 and closes the sink; fills *saved (nullable).
+Status SaveTable(Table& table, const SaveOptions& options, ByteSink* sink, SavedFile* saved);
+
+// SaveTable with default options but `chunk_rows`.
 Status SaveTable(Table& table, int64_t chunk_rows, ByteSink* sink);
+
+// What a load expects of one stream (from a manifest); the load fails with
+// kDataLoss, naming the stream and both values, when the stream differs.
+struct ExpectedFile {
+  std::string save_id;
+  int32_t shard_index = 0;
+  int32_t num_shards = 1;
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  uint32_t digest = 0;
+};
 
 // How LoadTable reads its streams.
 struct LoadOptions {
@@ -33,15 +88,42 @@ struct LoadOptions {
   // with another number of shards saved. num_shards 1 keeps everything.
   int32_t num_shards = 1;
   int32_t shard_index = 0;
+  // Instead of skipping the keys of other shards, treat one as damage
+  // (kDataLoss): the streams claim to hold exactly this shard's keys.
+  bool verify_routing = false;
+  // Read every stream through (every check made) before the table is
+  // changed; with clear_first, only then is the table cleared. false: the
+  // caller checked the streams before, or loads into a table it will drop on
+  // failure (a staged load).
+  bool validate_first = true;
+  // Per stream (empty, or one per stream): what it must be.
+  std::vector<ExpectedFile> expected;
+};
+
+// What LoadTable read, per stream.
+struct LoadedFile {
+  uint32_t version = 0;
+  std::string save_id;  // empty for version 1
+  int32_t shard_index = 0;
+  int32_t num_shards = 1;
+  bool routed = false;
+  uint64_t rows = 0;
 };
 
 // Reads streams written by SaveTable into `table`, with their saved scores.
 // The key type, value type and dim of each must match the table's (the error
-// names both). With `clear_first`, every stream is validated to its footer
-// and rewound, and only then is the table cleared and loaded: a damaged or
-// mismatched file leaves the table unchanged.
+// names both). With validate_first, every stream is checked to its end and
+// rewound before the table is changed, so a damaged or mismatched stream
+// leaves the table unchanged. `loaded` (nullable) receives one LoadedFile per
+// stream.
 Status LoadTable(const std::vector<ByteSource*>& sources, Table& table,
-                 const LoadOptions& options, const Runner& runner);
+                 const LoadOptions& options, const Runner& runner,
+                 std::vector<LoadedFile>* loaded = nullptr);
+
+// Reads every stream through and checks it as LoadTable would, changing no
+// table: what a load checks before it changes anything.
+Status CheckTableFiles(const std::vector<ByteSource*>& sources, const TableOptions& table,
+                       const LoadOptions& options, std::vector<LoadedFile>* loaded = nullptr);
 
 }  // namespace dynemb
 

@@ -6,38 +6,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "tensorflow/core/lib/hash/crc32c.h"
+#include "cc/core/crc32c.h"
 #include "tensorflow/core/protobuf/tensor_bundle.pb.h"
 #include "tensorflow/core/util/saved_tensor_slice_util.h"
 #include "tensorflow/core/util/tensor_bundle/naming.h"
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 namespace dynemb {
 namespace {
-
-#if defined(__x86_64__)
-bool HaveCrc32cInstruction() { return __builtin_cpu_supports("sse4.2"); }
-
-// CRC-32C with the SSE4.2 instruction: one 8-byte step per instruction, about
-// 8 GB/s, several times absl's portable code.
-__attribute__((target("sse4.2"))) uint32_t Crc32c(const char* p, size_t n) {
-  uint64_t crc = 0xFFFFFFFFu;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t word;
-    std::memcpy(&word, p, 8);
-    crc = _mm_crc32_u64(crc, word);
-  }
-  uint32_t c = static_cast<uint32_t>(crc);
-  for (; n > 0; ++p, --n) c = _mm_crc32_u8(c, static_cast<uint8_t>(*p));
-  return ~c;
-}
-#else
-bool HaveCrc32cInstruction() { return false; }
-uint32_t Crc32c(const char*, size_t) { return 0; }  // never called: the reader falls back
-#endif
 
 // Whether `slice` asks for every row of the tensor `entry` describes.
 bool CoversWhole(const tensorflow::TensorSlice& slice, const tensorflow::BundleEntryProto& entry) {
@@ -56,6 +31,7 @@ BundleSlices::BundleSlices(tensorflow::BundleReader* reader, std::string prefix,
 }
 
 absl::Status BundleSlices::ReadHeader() {
+  // Without the instruction TF's reader (absl's portable CRC) beats our fallback.
   if (!HaveCrc32cInstruction()) return absl::UnimplementedError("no CRC32C instruction");
   const std::string header_key = tensorflow::kHeaderEntryKey;
   reader_->Seek(header_key);
@@ -120,7 +96,7 @@ absl::Status BundleSlices::Read(const std::string& name, const tensorflow::Tenso
                                             name, " from the checkpoint"));
   }
   if (got.data() != data) std::memmove(data, got.data(), bytes);
-  const uint32_t stored = tensorflow::crc32c::Unmask(entry.crc32c());
+  const uint32_t stored = UnmaskCrc32c(entry.crc32c());
   const uint32_t computed = Crc32c(data, bytes);
   if (stored != computed) {
     return absl::DataLossError(absl::StrCat("Checksum does not match for ", name, " ",

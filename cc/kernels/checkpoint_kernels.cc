@@ -23,6 +23,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,21 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::TensorSlice;
+
+// The TableUses of an op's resources, one per distinct resource (a table
+// may appear twice in an op's inputs; its lock is taken once).
+class TableUses {
+ public:
+  void Add(const TableResource& resource) {
+    for (const auto& use : uses_) {
+      if (use.first == &resource) return;
+    }
+    uses_.emplace_back(&resource, std::make_unique<TableResource::TableUse>(resource));
+  }
+
+ private:
+  std::vector<std::pair<const TableResource*, std::unique_ptr<TableResource::TableUse>>> uses_;
+};
 
 // A chunk's values: a few MiB, so a thread's buffers stay in the cache and
 // a 10M-key table is ~100 slices per tensor.
@@ -240,8 +256,10 @@ class SaveTablesToBundleOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     std::string prefix;
     OP_REQUIRES_OK(ctx, ScalarString(ctx->input(0), "prefix", &prefix));
-    // The resources stay referenced until the snapshots are gone.
+    // The resources stay referenced, and their tables in place (TableUse),
+    // until the snapshots are gone.
     std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
+    TableUses uses;
     std::vector<Entry> entries(entry_tables_.size());
     int input = 1;
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -262,6 +280,7 @@ class SaveTablesToBundleOp : public OpKernel {
           e.value_shape = resource->value_shape();
         }
         OP_REQUIRES_OK(ctx, CheckSameTables(*first, *resource, input - 1, e.keys_name));
+        uses.Add(*resource);
         std::unique_ptr<TableSnapshot> snapshot;
         OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Snapshot(&snapshot)));
         e.offsets.push_back(e.offsets.back() + snapshot->size());
@@ -588,6 +607,7 @@ class RestoreTablesFromBundleOp : public OpKernel {
     RestoreSource source(prefix);
     OP_REQUIRES_OK(ctx, source.reader().status());
     std::vector<tensorflow::core::RefCountPtr<TableResource>> resources;
+    TableUses uses;
     std::vector<RestoreEntry> entries(entry_tables_.size());
     std::vector<std::vector<std::unique_ptr<Runner>>> runners(entries.size());
     int input = 1;
@@ -603,6 +623,7 @@ class RestoreTablesFromBundleOp : public OpKernel {
                                 ctx, tensorflow::HandleFromInput(ctx, input), &resource));
         OP_REQUIRES_OK(ctx, CheckSameTables(e.tables.empty() ? *resource : e.first(), *resource,
                                             input - 1, e.keys_name));
+        uses.Add(*resource);
         all_empty = all_empty && resource->table().Size() == 0;
         runners[i].emplace_back();
         OP_REQUIRES_OK(ctx, resource->NewRunner(ctx, &runners[i].back()));

@@ -55,25 +55,25 @@ int OpenDirect(const std::string& name, int flags) {
 }
 
 // Appends gather in an aligned buffer; a full buffer's blocks are written by
-// a helper thread while appends fill the other buffer, so copying and the
-// disk overlap. The last, partial block is written padded with zeros and the
-// file cut back to its length (Sync, Close).
+// a helper thread while appends fill the next buffer, and up to
+// kWritesInFlight such writes run at once (one write at a time left a
+// virtual disk at about half the speed it reaches with several: on the VM
+// measured, 8 MiB direct writes ran at ~0.6 GB/s one by one). The last,
+// partial block is written padded with zeros and the file cut back to its
+// length (Sync, Close).
+constexpr size_t kWritesInFlight = 4;
+
 class DirectWritableFile : public tensorflow::WritableFile {
  public:
   DirectWritableFile(std::string name, int fd)
-      : name_(std::move(name)),
-        fd_(fd),
-        buffer_(AllocateAligned(kWriteBuffer)),
-        spare_(AllocateAligned(kWriteBuffer)) {}
+      : name_(std::move(name)), fd_(fd), buffer_(AllocateAligned(kWriteBuffer)) {}
   ~DirectWritableFile() override {
-    WaitForWrite().IgnoreError();
+    WaitForWrites().IgnoreError();
     if (fd_ >= 0) ::close(fd_);
   }
 
   absl::Status Append(absl::string_view data) override {
-    if (buffer_ == nullptr || spare_ == nullptr) {
-      return absl::ResourceExhaustedError("no buffer to write " + name_);
-    }
+    if (buffer_ == nullptr) return absl::ResourceExhaustedError("no buffer to write " + name_);
     while (!data.empty()) {
       const size_t n = std::min(data.size(), kWriteBuffer - used_);
       std::memcpy(buffer_.get() + used_, data.data(), n);
@@ -109,6 +109,12 @@ class DirectWritableFile : public tensorflow::WritableFile {
   }
 
  private:
+  // A buffer being written by a helper thread.
+  struct Pending {
+    AlignedBuffer buffer;
+    std::future<absl::Status> done;
+  };
+
   // Writes data[0, bytes) at `offset` (all aligned).
   absl::Status WriteAt(const char* data, size_t bytes, uint64_t offset) const {
     size_t done = 0;
@@ -121,26 +127,55 @@ class DirectWritableFile : public tensorflow::WritableFile {
     return absl::OkStatus();
   }
 
-  absl::Status WaitForWrite() {
-    return pending_.valid() ? pending_.get() : absl::OkStatus();
+  // Waits for the oldest write in flight; its buffer becomes a spare.
+  absl::Status WaitForOldest() {
+    Pending oldest = std::move(pending_.front());
+    pending_.erase(pending_.begin());
+    const absl::Status status = oldest.done.get();
+    spares_.push_back(std::move(oldest.buffer));
+    return status;
   }
 
-  // Hands the buffer's whole blocks to the helper thread (once it has written
-  // the previous ones); the rest moves to the front of the other buffer.
+  absl::Status WaitForWrites() {
+    absl::Status status;
+    while (!pending_.empty()) status.Update(WaitForOldest());
+    return status;
+  }
+
+  // Hands the buffer's whole blocks to a helper thread (once fewer than
+  // kWritesInFlight are running); the rest moves to the front of a spare
+  // buffer, which takes the next appends.
   absl::Status WriteWholeBlocks() {
     const size_t whole = used_ / kAlign * kAlign;
     if (whole == 0) return absl::OkStatus();
-    TF_RETURN_IF_ERROR(WaitForWrite());
-    std::swap(buffer_, spare_);
-    std::memcpy(buffer_.get(), spare_.get() + whole, used_ - whole);
+    if (pending_.size() >= kWritesInFlight) TF_RETURN_IF_ERROR(WaitForOldest());
+    AlignedBuffer next;
+    if (!spares_.empty()) {
+      next = std::move(spares_.back());
+      spares_.pop_back();
+    } else {
+      next = AllocateAligned(kWriteBuffer);
+      if (next == nullptr) {  // no memory for another buffer: wait for one
+        if (pending_.empty()) return absl::ResourceExhaustedError("no buffer to write " + name_);
+        TF_RETURN_IF_ERROR(WaitForOldest());
+        next = std::move(spares_.back());
+        spares_.pop_back();
+      }
+    }
+    std::memcpy(next.get(), buffer_.get() + whole, used_ - whole);
+    std::swap(buffer_, next);  // `next` now holds the blocks to write
     used_ -= whole;
     const uint64_t offset = written_;
     written_ += whole;
+    const char* data = next.get();
     try {
-      pending_ = std::async(std::launch::async,
-                            [this, whole, offset] { return WriteAt(spare_.get(), whole, offset); });
+      std::future<absl::Status> done = std::async(
+          std::launch::async, [this, data, whole, offset] { return WriteAt(data, whole, offset); });
+      pending_.push_back(Pending{std::move(next), std::move(done)});
     } catch (const std::system_error&) {  // no thread to be had: write on this one
-      return WriteAt(spare_.get(), whole, offset);
+      const absl::Status status = WriteAt(data, whole, offset);
+      spares_.push_back(std::move(next));
+      return status;
     }
     return absl::OkStatus();
   }
@@ -149,7 +184,7 @@ class DirectWritableFile : public tensorflow::WritableFile {
   // to its length. The partial block stays buffered: a later append rewrites it.
   absl::Status WriteTail() {
     TF_RETURN_IF_ERROR(WriteWholeBlocks());
-    TF_RETURN_IF_ERROR(WaitForWrite());
+    TF_RETURN_IF_ERROR(WaitForWrites());
     if (used_ == 0) return absl::OkStatus();
     std::memset(buffer_.get() + used_, 0, kAlign - used_);
     TF_RETURN_IF_ERROR(WriteAt(buffer_.get(), kAlign, written_));
@@ -161,10 +196,10 @@ class DirectWritableFile : public tensorflow::WritableFile {
 
   const std::string name_;
   int fd_;
-  AlignedBuffer buffer_;  // appends go here
-  AlignedBuffer spare_;   // being written by the helper thread while pending_ runs
-  std::future<absl::Status> pending_;
-  size_t used_ = 0;       // bytes in buffer_
+  AlignedBuffer buffer_;               // appends go here
+  std::vector<Pending> pending_;       // writes in flight, oldest first
+  std::vector<AlignedBuffer> spares_;  // buffers no write uses
+  size_t used_ = 0;                    // bytes in buffer_
   uint64_t written_ = 0;  // bytes on disk (or being written) before buffer_[0]; aligned
 };
 

@@ -1,5 +1,6 @@
 // A TF Env whose local files are written and read with O_DIRECT, for the
-// streaming checkpoint ops (checkpoint_kernels.cc).
+// streaming checkpoint ops (checkpoint_kernels.cc) and the table file ops
+// (file_kernels.cc).
 //
 // Why: a checkpoint of a 10M-key Adam state is 2.2 GB. Written through the
 // page cache, those bytes first become 2.2 GB of new cache memory, which the
@@ -24,8 +25,9 @@
 
 namespace dynemb {
 
-// The Env the checkpoint ops hand BundleWriter and BundleReader: direct I/O
-// for local files (see above), Env::Default() itself when DYNEMB_DIRECT_IO=0.
+// The Env the checkpoint ops hand BundleWriter and BundleReader, and the file
+// ops use: direct I/O for local files (see above), Env::Default() itself when
+// DYNEMB_DIRECT_IO=0.
 // Lives as long as the process.
 tensorflow::Env* CheckpointEnv();
 

@@ -8,15 +8,11 @@
 #include <vector>
 
 #include "cc/core/table.h"
-#include "cc/core/table_io.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/lib/io/inputbuffer.h"
-#include "tensorflow/core/lib/io/path.h"
-#include "tensorflow/core/platform/env.h"
 
 namespace dynemb {
 
@@ -106,7 +102,7 @@ void CreateTableOp::Compute(OpKernelContext* ctx) {
                   tensorflow::DataTypeString(value_dtype_), ", value_shape ",
                   value_shape_.DebugString())));
   // What the table does, not how it was sized: init_capacity only presizes.
-  const TableOptions& have = resource->table().options();
+  const TableOptions& have = resource->options();
   OP_REQUIRES(ctx,
               have.max_capacity == options_.max_capacity && have.strategy == options_.strategy &&
                   have.step_per_epoch == options_.step_per_epoch &&
@@ -198,6 +194,7 @@ void TableOpKernel::Compute(OpKernelContext* ctx) {
   }
   std::unique_ptr<Runner> runner;
   OP_REQUIRES_OK(ctx, resource->NewRunner(ctx, &runner));
+  const TableResource::TableUse use(*resource);
   ComputeWithTable(ctx, resource.get(), *runner);
 }
 
@@ -476,112 +473,6 @@ void ExportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
 }
 
 // ---------------------------------------------------------------------------
-// Streaming save / load through TF's file systems (local, GCS, HDFS, ...).
-// ExportChunks hands SaveTable host memory on every device, and LoadFiles
-// stages host chunks for a GPU table, so files are the same whatever device
-// wrote or reads them.
-// ---------------------------------------------------------------------------
-namespace {
-
-class WritableFileSink : public ByteSink {
- public:
-  explicit WritableFileSink(std::unique_ptr<tensorflow::WritableFile> file)
-      : file_(std::move(file)) {}
-  Status Append(const void* data, size_t size) override {
-    return FromTfStatus(file_->Append(absl::string_view(static_cast<const char*>(data), size)));
-  }
-  Status Close() override { return FromTfStatus(file_->Close()); }
-
- private:
-  std::unique_ptr<tensorflow::WritableFile> file_;
-};
-
-class InputBufferSource : public ByteSource {
- public:
-  InputBufferSource(std::unique_ptr<tensorflow::RandomAccessFile> file, std::string path)
-      : file_(std::move(file)), buffer_(file_.get(), 4 << 20), path_(std::move(path)) {}
-  std::string Name() const override { return path_; }
-  Status Rewind() override { return FromTfStatus(buffer_.Seek(0)); }
-  Status Read(void* data, size_t size, bool* eof) override {
-    *eof = false;
-    size_t read = 0;
-    absl::Status s =
-        buffer_.ReadNBytes(static_cast<int64_t>(size), static_cast<char*>(data), &read);
-    if (absl::IsOutOfRange(s) && read == 0) {
-      *eof = true;
-      return Status::Ok();
-    }
-    if (!s.ok() && !absl::IsOutOfRange(s)) return FromTfStatus(s);
-    if (read != size) return Status(StatusCode::kDataLoss, "table file is truncated");
-    return Status::Ok();
-  }
-
- private:
-  std::unique_ptr<tensorflow::RandomAccessFile> file_;
-  tensorflow::io::InputBuffer buffer_;
-  std::string path_;
-};
-
-}  // namespace
-
-SaveToFileOp::SaveToFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
-}
-
-void SaveToFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
-                                    const Runner&) {
-  std::string path;
-  OP_REQUIRES_OK(ctx, ScalarString(ctx->input(1), "path", &path));
-  // Write beside the target and rename, so a crash never leaves a torn file
-  // under the final name.
-  const std::string tmp_path = path + ".tmp";
-  tensorflow::Env* env = tensorflow::Env::Default();
-  // The directory may be a graph-time tensor that Python never saw: create it here.
-  const std::string directory(tensorflow::io::Dirname(path));
-  if (!directory.empty() && !env->IsDirectory(directory).ok()) {
-    OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(directory));
-  }
-  std::unique_ptr<tensorflow::WritableFile> file;
-  OP_REQUIRES_OK(ctx, env->NewWritableFile(tmp_path, &file));
-  WritableFileSink sink(std::move(file));
-  OP_REQUIRES_OK(ctx, ToTfStatus(SaveTable(resource->table(), chunk_rows_, &sink)));
-  OP_REQUIRES_OK(ctx, env->RenameFile(tmp_path, path));
-}
-
-LoadFromFileOp::LoadFromFileOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &options_.chunk_rows));
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("clear_first", &options_.clear_first));
-  int64_t num_shards = 1, shard_index = 0;
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
-  OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index));
-  OP_REQUIRES(ctx, num_shards <= INT32_MAX && shard_index < num_shards,
-              absl::InvalidArgumentError(absl::StrCat(
-                  "shard_index must be in [0, num_shards), got shard_index ", shard_index,
-                  ", num_shards ", num_shards)));
-  options_.num_shards = static_cast<int32_t>(num_shards);
-  options_.shard_index = static_cast<int32_t>(shard_index);
-}
-
-void LoadFromFileOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
-                                      const Runner& runner) {
-  const auto paths = ctx->input(1).flat<tensorflow::tstring>();
-  // No file is an error, as in eager code: with clear_first it would empty
-  // the table (a directory matched in a graph may hold no files).
-  OP_REQUIRES(ctx, paths.size() > 0,
-              absl::NotFoundError("no table files to load (paths is empty)"));
-  std::vector<std::unique_ptr<InputBufferSource>> owned;
-  std::vector<ByteSource*> sources;
-  for (int64_t i = 0; i < paths.size(); ++i) {
-    const std::string path(paths(i));
-    std::unique_ptr<tensorflow::RandomAccessFile> file;
-    OP_REQUIRES_OK(ctx, tensorflow::Env::Default()->NewRandomAccessFile(path, &file));
-    owned.push_back(std::make_unique<InputBufferSource>(std::move(file), path));
-    sources.push_back(owned.back().get());
-  }
-  OP_REQUIRES_OK(ctx, ToTfStatus(resource->LoadFiles(sources, options_, runner)));
-}
-
-// ---------------------------------------------------------------------------
 // CPU registrations
 // ---------------------------------------------------------------------------
 namespace {
@@ -617,8 +508,6 @@ DYNEMB_REGISTER_CPU("DynembTableSize", SizeOp);
 DYNEMB_REGISTER_CPU("DynembTableStats", StatsOp);
 DYNEMB_REGISTER_CPU("DynembTableExport", ExportOp);
 DYNEMB_REGISTER_CPU("DynembTableImport", ImportOp);
-DYNEMB_REGISTER_CPU("DynembTableSaveToFile", SaveToFileOp);
-DYNEMB_REGISTER_CPU("DynembTableLoadFromFile", LoadFromFileOp);
 
 #undef DYNEMB_REGISTER_CPU
 

@@ -11,7 +11,6 @@
 #include <string>
 
 #include "cc/core/table.h"
-#include "cc/core/table_io.h"
 #include "cc/core/update_rules.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -126,32 +125,6 @@ class ExportOp final : public TableOpKernel {
 
  private:
   bool with_scores_ = true;
-};
-
-// Streams the table to a file through TF's file systems (SaveTable).
-class SaveToFileOp final : public TableOpKernel {
- public:
-  explicit SaveToFileOp(tensorflow::OpKernelConstruction* ctx);
-
- protected:
-  void ComputeWithTable(tensorflow::OpKernelContext* ctx, TableResource* resource,
-                        const Runner& runner) override;
-
- private:
-  int64_t chunk_rows_;
-};
-
-// Streams table files into the table (TableResource::LoadFiles).
-class LoadFromFileOp final : public TableOpKernel {
- public:
-  explicit LoadFromFileOp(tensorflow::OpKernelConstruction* ctx);
-
- protected:
-  void ComputeWithTable(tensorflow::OpKernelContext* ctx, TableResource* resource,
-                        const Runner& runner) override;
-
- private:
-  LoadOptions options_;
 };
 
 }  // namespace dynemb

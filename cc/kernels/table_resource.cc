@@ -1,5 +1,7 @@
 #include "cc/kernels/table_resource.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.pb.h"
@@ -69,6 +71,37 @@ Status TableResource::LoadFiles(const std::vector<ByteSource*>& sources,
   return LoadTable(sources, table(), options, runner);
 }
 
+absl::Status TableResource::NewStagingTable(int64_t, std::unique_ptr<Table>* out) {
+  out->reset();
+  return absl::UnimplementedError("this device's tables load in place");
+}
+
+void TableResource::ReplaceTable(std::unique_ptr<Table> table) {
+  std::unique_ptr<Table> old;
+  {
+    absl::MutexLock lock(&use_mu_);
+    Table* const incoming = table.get();
+    old = SwapOwnedTable(std::move(table));
+    table_ = incoming;
+  }
+  // `old` (the replaced table) is freed here, outside the lock: freeing a
+  // big table takes a while, and ops may use the new one meanwhile.
+}
+
+absl::Status CpuTableResource::NewStagingTable(int64_t rows, std::unique_ptr<Table>* out) {
+  TableOptions staged = options();
+  // Presized for the rows coming, so the load never grows a slot array.
+  staged.init_capacity = std::max<int64_t>(staged.init_capacity, rows);
+  if (staged.max_capacity > 0) staged.init_capacity = std::min(staged.init_capacity, staged.max_capacity);
+  Status status;
+  *out = NewCpuTable(staged, &status);
+  if (*out == nullptr && status.code() == StatusCode::kInvalidArgument) {
+    // Presizing asked too much memory at once: grow as the rows arrive.
+    *out = NewCpuTable(options(), &status);
+  }
+  return ToTfStatus(status);
+}
+
 absl::Status CpuTableResource::NewRunner(tensorflow::OpKernelContext* ctx,
                                          std::unique_ptr<Runner>* runner) {
   *runner = std::make_unique<ThreadPoolRunner>(ctx);
@@ -76,7 +109,8 @@ absl::Status CpuTableResource::NewRunner(tensorflow::OpKernelContext* ctx,
 }
 
 std::string TableResource::DebugString() const {
-  const TableOptions& opt = table_->options();
+  TableUse use(*this);
+  const TableOptions& opt = options_;
   return absl::StrCat("DynembTable(key=", tensorflow::DataTypeString(key_dtype_),
                       ", value=", tensorflow::DataTypeString(value_dtype_),
                       ", value_shape=", value_shape_.DebugString(), ", size=", table_->Size(),

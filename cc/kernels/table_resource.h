@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -53,17 +55,38 @@ class ThreadPoolRunner : public Runner {
 // from) and says how an op runs batches on it; the kernels
 // (table_kernels.h) are the same for every device. Thread-safe (the core
 // table is).
+//
+// A load from files may replace the table itself (ReplaceTable: the new
+// content was loaded into a staging table aside, so a failed load leaves
+// the old one untouched). So every op holds a TableUse while it uses
+// table(), and ReplaceTable waits until none does.
 class TableResource : public tensorflow::ResourceBase {
  public:
-  // `table` is owned by the subclass and lives as long as the resource.
+  // `table` is owned by the subclass and lives as long as the resource (or
+  // until ReplaceTable).
   TableResource(Table* table, tensorflow::DataType key_dtype, tensorflow::DataType value_dtype,
                 tensorflow::TensorShape value_shape)
       : table_(table),
+        options_(table->options()),
         key_dtype_(key_dtype),
         value_dtype_(value_dtype),
         value_shape_(std::move(value_shape)) {}
 
+  // Held by an op for as long as it uses table() (a shared lock: ops do
+  // not wait for each other, only ReplaceTable waits for them). An op holds
+  // at most one per resource.
+  class TableUse {
+   public:
+    explicit TableUse(const TableResource& resource) : lock_(&resource.use_mu_) {}
+
+   private:
+    absl::ReaderMutexLock lock_;
+  };
+
+  // The table; only while holding a TableUse of this resource.
   Table& table() { return *table_; }
+  // The table's options, which every table the resource ever holds shares.
+  const TableOptions& options() const { return options_; }
   tensorflow::DataType key_dtype() const { return key_dtype_; }
   tensorflow::DataType value_dtype() const { return value_dtype_; }
   const tensorflow::TensorShape& value_shape() const { return value_shape_; }
@@ -78,11 +101,33 @@ class TableResource : public tensorflow::ResourceBase {
   virtual Status LoadFiles(const std::vector<ByteSource*>& sources, const LoadOptions& options,
                            const Runner& runner);
 
+  // A new empty table with this one's options, sized for about `rows` keys,
+  // for a load to fill aside (a staged load). kUnimplemented where the
+  // device's tables are not staged (this default): such loads replace the
+  // content in place, after checking every file.
+  virtual absl::Status NewStagingTable(int64_t rows, std::unique_ptr<Table>* out);
+
+  // Makes `table` (from NewStagingTable, filled) the resource's table once no
+  // op holds a TableUse, and destroys the old one. Cannot fail. Must not be
+  // called while holding a TableUse of this resource.
+  void ReplaceTable(std::unique_ptr<Table> table);
+
   std::string DebugString() const override;
-  int64_t MemoryUsed() const override { return table_->MemoryBytes(); }
+  int64_t MemoryUsed() const override {
+    TableUse use(*this);
+    return table_->MemoryBytes();
+  }
+
+ protected:
+  // Takes ownership of `table` and returns the table owned before (called
+  // by ReplaceTable with every use excluded). Subclasses whose
+  // NewStagingTable succeeds override it.
+  virtual std::unique_ptr<Table> SwapOwnedTable(std::unique_ptr<Table> table) { return table; }
 
  private:
-  Table* const table_;
+  mutable absl::Mutex use_mu_;
+  Table* table_ ABSL_GUARDED_BY(use_mu_);
+  const TableOptions options_;
   const tensorflow::DataType key_dtype_;
   const tensorflow::DataType value_dtype_;
   const tensorflow::TensorShape value_shape_;
@@ -98,6 +143,13 @@ class CpuTableResource final : public TableResource {
 
   absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
                          std::unique_ptr<Runner>* runner) override;
+  absl::Status NewStagingTable(int64_t rows, std::unique_ptr<Table>* out) override;
+
+ protected:
+  std::unique_ptr<Table> SwapOwnedTable(std::unique_ptr<Table> table) override {
+    table_.swap(table);
+    return table;
+  }
 
  private:
   std::unique_ptr<Table> table_;

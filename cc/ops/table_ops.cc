@@ -182,12 +182,6 @@ absl::Status StatsShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-absl::Status FileOpShape(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(HandleOnlyShape(c));
-  ShapeHandle path;
-  return c->WithRank(c->input(1), 0, &path);
-}
-
 }  // namespace
 
 REGISTER_OP("DynembHashTable")
@@ -388,33 +382,6 @@ REGISTER_OP("DynembTableImport")
     .SetShapeFn(InsertShape)
     .Doc(R"doc(
 Replaces the whole content of the table (scores as in DynembTableInsert).
-)doc");
-
-REGISTER_OP("DynembTableSaveToFile")
-    .Input("table_handle: resource")
-    .Input("filepath: string")
-    .Attr("chunk_rows: int >= 1 = 65536")
-    .SetShapeFn(FileOpShape)
-    .Doc(R"doc(
-Streams the table to one file in chunks of `chunk_rows` entries, holding no
-second copy of the table in memory.
-)doc");
-
-REGISTER_OP("DynembTableLoadFromFile")
-    .Input("table_handle: resource")
-    .Input("filepaths: string")
-    .Attr("chunk_rows: int >= 1 = 65536")
-    .Attr("clear_first: bool = true")
-    .Attr("num_shards: int >= 1 = 1")
-    .Attr("shard_index: int >= 0 = 0")
-    .SetShapeFn(HandleOnlyShape)
-    .Doc(R"doc(
-Streams files written by DynembTableSaveToFile (`filepaths`: one path, or any
-number) into the table; with `clear_first`, every file is validated before the
-content is replaced. With num_shards > 1, only keys that DynembPartition sends
-to `shard_index` are kept (loading a variable saved with another number of
-shards). Key type, value type and value size must match the table's; the error
-names both.
 )doc");
 
 }  // namespace dynemb

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import sys
 from typing import Dict, List, NamedTuple, Optional
 
@@ -35,6 +36,8 @@ import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.distribute import checkpoint as _slices
+from tensorflow_dynemb.persistence import file_saver
+from tensorflow_dynemb.persistence import files as table_files
 
 try:  # No public API registers a checkpoint saver; TF 2.16-2.21 all have this one.
     from tensorflow.python.saved_model import registration as _registration
@@ -65,7 +68,9 @@ def in_tf1_graph() -> bool:
 def register_for_tf1_saver(trackable, name: str) -> None:
     """Lets `tf.compat.v1.train.Saver` (and `MonitoredTrainingSession`'s default
     Scaffold) save and restore `trackable` under the graph-unique `name`."""
-    factories = tf.__internal__.tracking.saveable_objects_from_trackable(trackable)
+    # tf1_saver: what the object gives TF1's Saver (a de.FileSystemSaver's files)
+    # when it says, else its _serialize_to_tensors.
+    factories = tf.__internal__.tracking.saveable_objects_from_trackable(trackable, tf1_saver=True)
     (factory,) = factories.values()
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, factory(name=name))
 
@@ -110,14 +115,22 @@ def writing_saved_model() -> bool:
     return False
 
 
+def _file_saver(obj):
+    """The `de.FileSystemSaver` through which checkpoints keep `obj`'s content in
+    files (persistence/file_saver.py), or None."""
+    hook = getattr(obj, "_file_system_saver", None)
+    return hook() if hook is not None else None
+
+
 def _streams(obj) -> bool:
-    """Whether `tf.train.Checkpoint` saves `obj` through the streaming saver.
+    """Whether `tf.train.Checkpoint` saves `obj` through the streaming saver (which
+    also writes the files of objects with a `de.FileSystemSaver`).
 
     Not for SavedModels (they keep the export path: a loader revives tables as
     TF's generic objects, which no registered saver restores) and not in a TF1 graph
     (TF runs a registered saver's restore ops only in eager and `tf.function` code)."""
     hook = getattr(obj, _TABLES_HOOK, None)
-    if hook is None or hook() is None:
+    if (hook is None or hook() is None) and _file_saver(obj) is None:
         return False
     return not in_tf1_graph() and not writing_saved_model()
 
@@ -162,6 +175,47 @@ def _num_files(entries) -> int:
     return max(1, min(_MAX_FILES, os.cpu_count() or 1, rows // _MIN_ROWS_PER_FILE))
 
 
+def _split_file_savers(trackables: Dict[str, object]):
+    """`(with_files, rest)`: the sorted `(name, object)` pairs of the objects whose
+    content goes to files (a `de.FileSystemSaver`), and the others by name."""
+    with_files = sorted((n, o) for n, o in trackables.items() if _file_saver(o) is not None)
+    names = {n for n, _ in with_files}
+    return with_files, {n: o for n, o in trackables.items() if n not in names}
+
+
+# What this saver's bundles are called beside a checkpoint `<prefix>`:
+# `<prefix>-tensorflow_dynemb.tables_stream<i>` and `..._export<i>` (`.index`,
+# `.data-*`). A completed save merges them into the checkpoint; a killed one leaves them.
+# Model-parallel variables' slices (distribute/checkpoint.py) are
+# `..._dynemb_slice<r>of<W>` (+ `_0_of_1` when streamed).
+_OWN_BUNDLE = re.compile(
+    r"^(.*)-tensorflow_dynemb\.tables_(stream\d+|export\d+|dynemb_slice\d+of\d+)(_\d+_of_\d+)?"
+    r"\.(index|data-\d{5}-of-\d{5})$"
+)
+
+
+def _delete_killed_saves(file_prefix) -> None:
+    """Deletes the bundles killed saves of this saver left beside `file_prefix`
+    (eager saves only: a graph's prefix is known when it runs). Best effort: one
+    writer per checkpoint directory, as `tf.train.CheckpointManager` assumes."""
+    if not hasattr(file_prefix, "numpy"):
+        return
+    prefix = os.fsdecode(file_prefix.numpy())
+    directory, own = os.path.split(prefix)
+    own = own.rsplit("-tensorflow_dynemb.tables", 1)[0]
+    try:
+        names = tf.io.gfile.listdir(directory or ".")
+    except tf.errors.OpError:
+        return
+    for name in names:
+        match = _OWN_BUNDLE.match(name)
+        if match and match.group(1) != own:
+            try:
+                tf.io.gfile.remove(os.path.join(directory, name))
+            except tf.errors.OpError:
+                pass
+
+
 def _split_by_device(trackables: Dict[str, object], restoring: bool):
     """`(streamed, whole)`: the objects the ops stream, as sorted `(device, [(path,
     CheckpointTables)])` pairs, and the `(name, object, CheckpointTables)` of those saved
@@ -191,15 +245,26 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
     """The registered saver's save function: writes every object's content into
     bundles beside `file_prefix` and returns their prefixes, which TF merges into the
     checkpoint."""
-    sliced, trackables = [], dict(trackables)
+    with_files, trackables = _split_file_savers(trackables)
+    for name, obj in with_files:
+        if getattr(obj, "worker_group", None) is not None:
+            raise NotImplementedError(
+                f"{name!r}: a model-parallel de.Variable (MultiWorkerMirroredStrategy) "
+                "cannot keep its checkpoint content in files through a "
+                "de.FileSystemSaver yet; checkpoint it without one (every worker's slice "
+                "then goes into the chief's checkpoint)."
+            )
+    sliced = []
     for name in list(trackables):
         spec = getattr(trackables[name], _TABLES_HOOK)()
         if spec.sliced:
             sliced.append((_object_path(name), trackables.pop(name), spec))
-    prefixes = _slices.save_slices(sliced, file_prefix, _stream_device) if sliced else []
     streamed, exported = _split_by_device(trackables, restoring=False)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
 
+    _delete_killed_saves(file_prefix)
+    # Model-parallel variables: every worker's slice, merged by the chief.
+    prefixes = _slices.save_slices(sliced, file_prefix, _stream_device) if sliced else []
     for i, (device, entries) in enumerate(streamed):
         with tf.device(device):
             prefixes += ops.dynemb_save_tables_to_bundle(
@@ -213,6 +278,15 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
         path = _object_path(name)
         for local, tensor in obj._serialize_to_tensors().items():
             by_device[tensor.device].append((_trackable_utils.checkpoint_key(path, local), tensor))
+    if with_files:
+        # One save id for every variable of this checkpoint: their files are one
+        # generation, and the checkpoint records it.
+        save_id = table_files.new_save_id()
+        folder = file_saver.folder_beside(file_prefix)
+        for name, obj in with_files:
+            committed = obj._save_files_for_checkpoint(save_id, folder)
+            key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
+            by_device[committed.device].append((key, committed))
     for i, (device, items) in enumerate(sorted(by_device.items())):
         prefix = tf.strings.join([file_prefix, f"_export{i}"])
         with tf.device(device):
@@ -232,9 +306,9 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
     """The registered saver's restore function: streams the checkpoint into the
     tables it can (DynembRestoreTablesFromBundle); reads the other objects' whole
     tensors (TF assembles streamed slices) for their `_restore_from_tensors`."""
+    with_files, trackables = _split_file_savers(trackables)
     # Checkpoints of model-parallel variables hold every worker's slice: read them all.
     paths = {_object_path(name): name for name in trackables}
-    trackables = dict(trackables)
     for path, (num, with_scores) in _slices.sliced_objects(list(paths), merged_prefix).items():
         obj = trackables.pop(paths[path])
         tables = getattr(obj, _TABLES_HOOK)().tables
@@ -242,6 +316,16 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
         _slices.restore_slices(obj, path, merged_prefix, num, with_scores, dtypes)
     streamed, whole = _split_by_device(trackables, restoring=True)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
+
+    if with_files:
+        folder = file_saver.folder_beside(merged_prefix)
+    for name, obj in with_files:
+        key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
+        with tf.device("/CPU:0"):
+            (save_id,) = tf.raw_ops.RestoreV2(
+                prefix=merged_prefix, tensor_names=[key], shape_and_slices=[""], dtypes=[tf.string]
+            )
+        obj._load_files_for_checkpoint(save_id, folder)
 
     for device, entries in streamed:
         with tf.device(device):

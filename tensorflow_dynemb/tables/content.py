@@ -12,13 +12,14 @@ from typing import Any, Dict, Optional, Tuple, Union
 import tensorflow as tf
 
 from tensorflow_dynemb import _ops
+from tensorflow_dynemb.persistence import files
 from tensorflow_dynemb.persistence.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
     CKPT_VALUES,
     CheckpointTables,
 )
-from tensorflow_dynemb._convert import TensorLike, check_int, convert, convert_scores
+from tensorflow_dynemb._convert import TensorLike, convert, convert_scores
 
 
 class TableContent:
@@ -80,88 +81,143 @@ class TableContent:
         with tf.name_scope(name or f"{self._name}_import"), self._placement():
             return _ops.ops.dynemb_table_import(self.resource_handle, keys, values, scores)
 
-    def _file_path(self, dirpath: Any, file_name: Optional[str]):
-        file_name = file_name or f"{self._table_name}.dynemb"
-        if tf.is_tensor(dirpath):
-            if not hasattr(dirpath, "numpy"):
-                # A symbolic directory: the file is joined in the graph.
-                return tf.strings.join([dirpath, file_name], separator="/")
-            dirpath = dirpath.numpy()
-        return tf.io.gfile.join(os.fsdecode(dirpath), file_name)
+    def _file_name(self, file_name: Optional[str]) -> str:
+        file_name = f"{self._table_name}.dynemb" if file_name is None else os.fsdecode(file_name)
+        if not file_name or "/" in file_name:
+            raise ValueError(f"`file_name` must be a file name without '/', got {file_name!r}.")
+        return file_name
 
     def save_to_file_system(
         self,
         dirpath: Union[str, os.PathLike, tf.Tensor],
         file_name: Optional[str] = None,
-        chunk_rows: int = 65536,
+        dirpath_env: Optional[str] = files.DEFAULT_DIRPATH_ENV,
+        append_to_file: bool = False,
+        buffer_size: Optional[int] = None,
         name: Optional[str] = None,
+        *,
+        chunk_rows: Optional[int] = None,
+        sync: bool = True,
     ):
-        """Streams the table to `dirpath/file_name` in chunks of `chunk_rows` entries.
+        """Streams the table to the file `dirpath/file_name`, in chunks.
 
-        The table is never copied whole: memory stays O(chunk_rows). The op creates
-        the directory if needed (any `tf.io.gfile` file system works).
+        The table is never copied whole: memory stays O(chunk_rows). The file is
+        written aside, synced and renamed into place, so its name always holds a whole
+        save (a save killed midway leaves the previous file; the next save deletes what
+        it left). Every block of the file is checksummed (table file format 2,
+        `cc/core/table_io.h`). The op creates the directory if needed; any
+        `tf.io.gfile` file system works, `file://` paths included.
 
         Args:
           dirpath: the directory.
           file_name: the file name; default `<table name>.dynemb`.
-          chunk_rows: entries per chunk.
+          dirpath_env: an environment variable whose value, when set and not empty,
+            is used instead of `dirpath` (TFRA's argument; default `TFRA_SAVED_KV`;
+            None: ignore the environment).
+          append_to_file: must be False: a save always writes a whole new file.
+          buffer_size: entries per chunk (TFRA's name for `chunk_rows`).
           name: a name for the operation.
+          chunk_rows: entries per chunk (default 65536).
+          sync: sync the file and its directory to the storage before returning, so
+            that the machine stopping cannot lose the save either (local files are
+            then written with direct I/O). False: through the page cache, as before
+            manifests: a killed process still leaves a whole file, a machine that
+            stops may not.
 
         Returns:
           The save operation (None when executing eagerly).
+
+        Raises:
+          ValueError: `append_to_file=True`, or a bad `file_name` or chunk size.
+
+        Example:
+
+        >>> import tensorflow_dynemb as de
+        >>> t = de.HashTable(tf.int64, tf.float32, [0.0])
+        >>> t.insert([1, 2], [[1.0], [2.0]])
+        >>> t.save_to_file_system("/tmp/dynemb_doc", "t.dynemb")
         """
-        chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
-        path = self._file_path(dirpath, file_name)
-        with tf.name_scope(name or f"{self._name}_save_to_file"), self._placement():
-            return _ops.ops.dynemb_table_save_to_file(
-                self.resource_handle, path, chunk_rows=chunk_rows
-            )
+        files.refuse_append(append_to_file)
+        rows = files.chunk_rows_of(chunk_rows, buffer_size)
+        dirpath = files.resolve_dirpath(dirpath, dirpath_env)
+        file_name = self._file_name(file_name)
+        with tf.name_scope(name or f"{self._name}_save_to_file"):
+            entry = files.save_table_file(self, dirpath, file_name, rows, sync=sync)
+        return None if tf.executing_eagerly() else entry.op
 
     def load_from_file_system(
         self,
         dirpath: Union[str, os.PathLike, tf.Tensor],
         file_name: Optional[str] = None,
-        chunk_rows: int = 65536,
-        clear: bool = True,
+        dirpath_env: Optional[str] = files.DEFAULT_DIRPATH_ENV,
+        load_entire_dir: bool = False,
+        buffer_size: Optional[int] = None,
         name: Optional[str] = None,
+        *,
+        chunk_rows: Optional[int] = None,
+        clear: bool = True,
+        in_place: bool = False,
     ):
         """Streams a file written by `save_to_file_system` into the table.
+
+        Every check is made before the table changes: the file's checksums, its row
+        count, the key and value dtypes and dim (an error names both). With `clear`
+        (the default) the rows are loaded into a new table aside, which then takes
+        the place of the old content: a load that fails, for any reason, leaves the
+        table as it was. That holds the old and the new content at once until the
+        load is complete; `in_place=True` needs memory for one of them instead (the
+        file is checked, then read again into the cleared table: if the storage
+        fails or memory runs out in that second pass, the table holds part of the
+        file, and the error says so). Files of the previous format (version 1,
+        without checksums) load too.
 
         Args:
           dirpath: the directory.
           file_name: the file name; default `<table name>.dynemb`.
-          chunk_rows: entries per chunk.
-          clear: replace the table's content (default); if False, the file's entries
-            are upserted into it.
+          dirpath_env: an environment variable whose value, when set and not empty,
+            is used instead of `dirpath` (TFRA's argument; None: ignore it).
+          load_entire_dir: load every save in `dirpath` whose name starts with
+            `file_name` (up to its `_mht_` part, as TFRA): the shard files of a
+            variable's saves, all into this table (needs a Python `dirpath`).
+          buffer_size: entries per chunk (TFRA's name for `chunk_rows`).
           name: a name for the operation.
+          chunk_rows: entries per chunk (default 65536).
+          clear: replace the table's content (default); if False, the file's entries
+            are upserted into it (after every file is checked).
+          in_place: see above.
 
         Returns:
           The load operation (None when executing eagerly).
-        """
-        path = self._file_path(dirpath, file_name)
-        return self._load_files(path, chunk_rows, clear, name=name)
 
-    def _load_files(
-        self,
-        paths: Any,
-        chunk_rows: int,
-        clear: bool,
-        num_shards: int = 1,
-        shard_index: int = 0,
-        name: Optional[str] = None,
-    ):
-        """Loads table files (one path or a vector of them); with `num_shards` > 1 only
-        the keys `default_partition_fn` sends to `shard_index`."""
-        chunk_rows = check_int(chunk_rows, "chunk_rows", 1)
-        with tf.name_scope(name or f"{self._name}_load_from_file"), self._placement():
-            return _ops.ops.dynemb_table_load_from_file(
-                self.resource_handle,
-                paths,
-                chunk_rows=chunk_rows,
-                clear_first=bool(clear),
-                num_shards=num_shards,
-                shard_index=shard_index,
+        Raises:
+          tf.errors.DataLossError: a damaged or truncated file (the error names the
+            file and the byte offset).
+          tf.errors.InvalidArgumentError: a file of other dtypes or another dim.
+          tf.errors.NotFoundError: no such file.
+        """
+        rows = files.chunk_rows_of(chunk_rows, buffer_size)
+        dirpath = files.resolve_dirpath(dirpath, dirpath_env)
+        file_name = self._file_name(file_name)
+        if load_entire_dir:
+            stem = file_name.split("_mht_")[0]
+            if stem == file_name and stem.endswith(".dynemb"):
+                stem = stem[: -len(".dynemb")]
+            directory = files.python_dir(dirpath, "load_entire_dir=True")
+            manifests, paths = files.directory_saves(directory, stem)
+        else:
+            manifests, paths = [], [files.join(dirpath, file_name)]
+        with tf.name_scope(name or f"{self._name}_load_from_file"):
+            ops = files.load_tables(
+                [self],
+                manifest_paths=manifests,
+                filepaths=paths,
+                files_are_fallback=False,
+                chunk_rows=rows,
+                partitioner="default",
+                clear=clear,
+                in_place=in_place,
             )
+        return None if tf.executing_eagerly() else tf.group(*ops)
 
     # -- checkpointing (public Trackable hooks) --------------------------------------------
 

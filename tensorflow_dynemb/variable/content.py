@@ -9,8 +9,9 @@ variable's own partitioner. So a checkpoint restores into any number of shards.
 from __future__ import annotations
 
 import copy
+import functools
 import os
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -22,6 +23,7 @@ from tensorflow_dynemb.persistence.checkpoint import (
     CheckpointTables,
     Untracked,
 )
+from tensorflow_dynemb.persistence import file_saver, files
 from tensorflow_dynemb.variable import files as variable_files
 from tensorflow_dynemb.variable.sharding import default_partition_fn
 
@@ -49,68 +51,195 @@ class VariableContent:
 
     # -- streaming to files --------------------------------------------------------------
 
-    def _file_prefix(self, file_name: Optional[str]) -> str:
-        return file_name or self.name.replace("/", "_")
-
     def save_to_file_system(
         self,
         dirpath: Union[str, os.PathLike, tf.Tensor],
-        file_name: Optional[str] = None,
-        chunk_rows: int = 65536,
+        proc_size: Optional[int] = None,
+        proc_rank: Optional[int] = None,
+        file_name_list: Optional[Sequence[str]] = None,
+        dirpath_env: Optional[str] = files.DEFAULT_DIRPATH_ENV,
+        append_to_file: bool = False,
+        buffer_size: Optional[int] = None,
         name: Optional[str] = None,
+        *,
+        file_name: Optional[str] = None,
+        chunk_rows: Optional[int] = None,
+        sync: bool = True,
     ):
-        """Streams every shard to `dirpath/<file_name>-<i>-of-<n>.dynemb`.
+        """Streams every shard to `dirpath` as one generation (TFRA's arguments).
 
-        No shard is copied whole in memory. Files of an earlier save of this variable
-        with another number of shards are removed first (when `dirpath` is a Python
-        path), so that a later load reads one consistent set.
+        Shard `i` of `n` goes to `<prefix>-<i:05d>-of-<n:05d>.<save id>.dynemb`, every
+        block checksummed, and the manifest `<prefix>.dynemb-manifest`, written last,
+        commits them: a save killed at any moment leaves the previous save whole, and
+        the next save deletes what it left, as each save deletes the files of the one
+        it replaces. No shard is copied whole in memory. `<prefix>` is `file_name` (or
+        the variable's name, `/` replaced by `_`), plus `_rank<r>_size<s>` with
+        `proc_size` > 1. Only one save of a prefix may run at a time.
 
         Args:
-          dirpath: the directory (the save op creates it if needed).
-          file_name: the file prefix; default the variable's name.
-          chunk_rows: entries per chunk.
+          dirpath: the directory (created if needed; `file://` paths work).
+          proc_size: processes that each hold a part of the variable (Horovod); None
+            or 1: one.
+          proc_rank: this process's rank in [0, proc_size).
+          file_name_list: per shard, the name of its data file before
+            `.<save id>.dynemb` (TFRA's argument); default as above.
+          dirpath_env: an environment variable whose value, when set and not empty,
+            is used instead of `dirpath` (TFRA's; default `TFRA_SAVED_KV`; None:
+            ignore the environment).
+          append_to_file: must be False (a save is always a whole new generation).
+          buffer_size: entries per chunk (TFRA's name for `chunk_rows`).
           name: a name for the operation.
+          file_name: the prefix (default the variable's name).
+          chunk_rows: entries per chunk (default 65536).
+          sync: sync every file and the directory to the storage around the
+            manifest's rename, so that the machine stopping cannot lose or mix saves
+            either (local files are then written with direct I/O). False: through the
+            page cache, unsynced: a killed process still leaves one whole generation,
+            a machine that stops may lose the newest save's files (a load then fails
+            with a DataLossError rather than load a mix).
 
         Returns:
           The save operation (None when executing eagerly).
+
+        Raises:
+          ValueError: `append_to_file=True`, a bad `file_name_list`, `file_name` or
+            chunk size, or a `proc_rank` outside [0, proc_size).
         """
+        files.refuse_append(append_to_file)
+        rows = files.chunk_rows_of(chunk_rows, buffer_size)
+        proc_size, proc_rank = files.check_procs(proc_size, proc_rank)
+        dirpath = files.resolve_dirpath(dirpath, dirpath_env)
+        prefix = variable_files.prefix_of(self, file_name, proc_size, proc_rank)
         with tf.name_scope(name or f"{self._unique_name}_save_to_file"):
-            return self._group(
-                variable_files.save(self, dirpath, self._file_prefix(file_name), chunk_rows)
+            committed = variable_files.save(
+                self, dirpath, prefix, rows, stems=file_name_list, sync=sync
             )
+        return None if tf.executing_eagerly() else committed.op
 
     def load_from_file_system(
         self,
         dirpath: Union[str, os.PathLike, tf.Tensor],
-        file_name: Optional[str] = None,
-        chunk_rows: int = 65536,
-        clear: bool = True,
+        proc_size: Optional[int] = None,
+        proc_rank: Optional[int] = None,
+        file_name_list: Optional[Sequence[str]] = None,
+        dirpath_env: Optional[str] = files.DEFAULT_DIRPATH_ENV,
+        load_entire_dir: bool = False,
+        buffer_size: Optional[int] = None,
         name: Optional[str] = None,
+        *,
+        file_name: Optional[str] = None,
+        chunk_rows: Optional[int] = None,
+        clear: bool = True,
+        in_place: bool = False,
     ):
-        """Streams files written by `save_to_file_system` into the variable.
+        """Streams a save of `save_to_file_system` into the variable, all or nothing.
 
-        The files may come from a variable with another number of shards: each shard
-        then reads every file and keeps the keys `default_partition_fn` routes to it
-        (which needs this variable to use `default_partition_fn`). With as many files
-        as shards, file `i` loads into shard `i` directly.
+        The manifest says which files make the save; each shard loads them aside,
+        checking everything (checksums, sizes, save ids, shard numbers, dtypes, dim,
+        each key's shard), and only when every shard has loaded without error do the
+        new contents replace the old ones: a failed load leaves the variable as it
+        was. That holds the old and the new content at once until the load is
+        complete (nothing extra when the variable is empty, as at a restart);
+        `in_place=True` needs memory for one of them: every file is checked first,
+        then every shard is cleared and loaded again from the files, and if the
+        storage fails or memory runs out in that pass the error says the variable
+        holds part of the save. The save may come from a variable with another number
+        of shards (each shard then reads every file and keeps the keys
+        `default_partition_fn` routes to it, which needs that partitioner on both
+        sides), or from a version of this package before manifests.
 
         Args:
-          dirpath: the directory.
-          file_name: the file prefix; default the variable's name.
-          chunk_rows: entries per chunk.
-          clear: replace the content (default); if False, upsert into it.
+          dirpath: the directory (`file://` paths work).
+          proc_size: as in `save_to_file_system`.
+          proc_rank: as in `save_to_file_system`: which process's save to load.
+          file_name_list: accepted for TFRA; the manifest names the files, so it is
+            not needed.
+          dirpath_env: as in `save_to_file_system`.
+          load_entire_dir: load every save in `dirpath` whose prefix starts with this
+            variable's (every process's, with `proc_size` > 1); needs a Python
+            `dirpath`.
+          buffer_size: entries per chunk (TFRA's name for `chunk_rows`).
           name: a name for the operation.
+          file_name: the prefix (default the variable's name).
+          chunk_rows: entries per chunk (default 65536).
+          clear: replace the content (default); if False, upsert into it (after
+            every file is checked).
+          in_place: see above.
 
         Returns:
           The load operation (None when executing eagerly).
 
         Raises:
-          ValueError: no files, an incomplete or mixed set of files, or a resharding
-            load with a custom partitioner.
+          ValueError: no save of the prefix in `dirpath` (a Python path).
+          tf.errors.DataLossError: a damaged file or manifest, files of two saves, a
+            key in the shard file of another shard (the error names the file).
+          tf.errors.InvalidArgumentError: another key or value dtype or dim, or a
+            resharding load with a custom partitioner.
+          tf.errors.NotFoundError: no save in a symbolic `dirpath`, or a file the
+            manifest names is missing.
         """
+        del file_name_list  # the manifest names the files
+        rows = files.chunk_rows_of(chunk_rows, buffer_size)
+        proc_size, proc_rank = files.check_procs(proc_size, proc_rank)
+        dirpath = files.resolve_dirpath(dirpath, dirpath_env)
+        if load_entire_dir:
+            prefix = variable_files.prefix_of(self, file_name, 1, 0)
+        else:
+            prefix = variable_files.prefix_of(self, file_name, proc_size, proc_rank)
         with tf.name_scope(name or f"{self._unique_name}_load_from_file"):
-            prefix = self._file_prefix(file_name)
-            return self._group(variable_files.load(self, dirpath, prefix, chunk_rows, clear))
+            ops = variable_files.load(
+                self, dirpath, prefix, rows, clear, in_place=in_place,
+                load_entire_dir=load_entire_dir,
+            )
+        return self._group(ops)
+
+    def load_from_file_system_with_restore_function(
+        self, dirpath, proc_size=None, proc_rank=None, buffer_size=None
+    ):
+        """TFRA's resharding load: `load_from_file_system` reshards already."""
+        return self.load_from_file_system(
+            dirpath, proc_size=proc_size, proc_rank=proc_rank, buffer_size=buffer_size
+        )
+
+    # -- checkpoints through files (de.FileSystemSaver) ----------------------------------
+
+    def _file_system_saver(self):
+        """The creator's `de.FileSystemSaver` when checkpoints keep this variable's
+        content in files (persistence/file_saver.py); None otherwise."""
+        saver = getattr(self._kv_creator, "saver", None)
+        return saver if self._checkpoint else None
+
+    def _checkpoint_files(self, default_dir):
+        """`(dirpath, prefix, chunk_rows)` of this variable's checkpoint files."""
+        config = self._file_system_saver().config
+        dirpath = config.save_path or default_dir
+        prefix = variable_files.prefix_of(self, None, config.proc_size, config.proc_rank)
+        return dirpath, prefix, config.buffer_size
+
+    def _save_files_for_checkpoint(self, save_id: tf.Tensor, default_dir) -> tf.Tensor:
+        """Saves the content as the generation `save_id`; returns the committed id, which
+        the checkpoint records."""
+        dirpath, prefix, rows = self._checkpoint_files(default_dir)
+        with tf.name_scope(f"{self._unique_name}_checkpoint_files"):
+            return variable_files.save(self, dirpath, prefix, rows, save_id=save_id)
+
+    def _load_files_for_checkpoint(self, save_id, default_dir):
+        """Loads the generation `save_id` (what the checkpoint recorded); returns the
+        load operations (empty when executing eagerly)."""
+        dirpath, prefix, rows = self._checkpoint_files(default_dir)
+        with tf.name_scope(f"{self._unique_name}_checkpoint_files"):
+            # A tensor: the files are found when the restore runs (a TF1 Saver
+            # builds its restore ops before the first save).
+            dirpath = tf.convert_to_tensor(dirpath, tf.string)
+            return variable_files.load(self, dirpath, prefix, rows, clear=True,
+                                       expected_save_id=save_id)
+
+    def _gather_saveables_for_checkpoint(self):
+        # TF1's Saver asks this first (tf.train.Checkpoint and SavedModels use
+        # _serialize_to_tensors): with a FileSystemSaver, the content goes to files.
+        if self._file_system_saver() is None:
+            return {}
+        return {"file_system": functools.partial(file_saver.FileSystemSaveable, self)}
 
     # -- checkpointing (public Trackable hooks) --------------------------------------------
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tensorflow_dynemb import _ops
 from tensorflow_dynemb._convert import KEY_DTYPES, TensorLike
+from tensorflow_dynemb.persistence.file_saver import FileSystemSaver, check_saver
 from tensorflow_dynemb.tables import HashTable, HkvHashTable, HkvHashTableConfig
 
 __all__ = [
@@ -124,7 +125,16 @@ class HashTableCreator:
     """Creates the shards of a `de.Variable` as unbounded `de.HashTable`s (the default).
 
     `CuckooHashTableCreator` is an alias, for code written against TFRA.
+
+    Args:
+      config: accepted for TFRA (its `CuckooHashTableConfig` holds nothing).
+      saver: a `de.FileSystemSaver`: checkpoints keep the variable's content in its
+        own files (persistence/file_saver.py); None: inside the checkpoint.
     """
+
+    def __init__(self, config=None, saver: Optional[FileSystemSaver] = None):
+        self.config = config
+        self.saver = check_saver(saver)
 
     def create(
         self,
@@ -159,12 +169,16 @@ class HkvHashTableCreator(HashTableCreator):
 
     Args:
       config: a `de.HkvHashTableConfig` (default: `HkvHashTableConfig()`).
+      saver: as for `HashTableCreator`.
     """
 
-    def __init__(self, config: Optional[HkvHashTableConfig] = None):
+    def __init__(
+        self, config: Optional[HkvHashTableConfig] = None, saver: Optional[FileSystemSaver] = None
+    ):
         if config is not None and not isinstance(config, HkvHashTableConfig):
             raise TypeError(f"`config` must be a de.HkvHashTableConfig or None, got {config!r}.")
         self.config = config or HkvHashTableConfig()
+        self.saver = check_saver(saver)
 
     def create(self, key_dtype, value_dtype, default_value, name, init_size, device, shared_name):
         del init_size  # the config's init_capacity sizes the table

@@ -41,6 +41,7 @@ from tensorflow_dynemb._convert import (
     as_dtype,
     check_int,
     convert,
+    flat_keyed,
     flat_rows,
 )
 from tensorflow_dynemb.persistence.checkpoint import (
@@ -514,12 +515,8 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         keys = convert(keys, self._key_dtype, "keys")
         old = self._flat_rows(keys, old_values, "old_values")
         new = self._flat_rows(keys, new_values, "new_values")
-        exists = convert(exists, tf.bool, "exists")
-        if not exists.shape.is_compatible_with(keys.shape):
-            raise ValueError(
-                f"Expected shape {keys.shape} (keys.shape) for `exists`, got {exists.shape}"
-            )
-        flat_exists = tf.reshape(exists, [-1])
+        # Checked before the flattening hides a [3, 1] `exists` for [3] keys.
+        flat_exists = flat_keyed(keys, exists, tf.bool, "exists")
         if self._value_dtype == tf.bool:
             deltas = new  # bool "+=" is a logical or
         else:

@@ -35,6 +35,8 @@
 #include <vector>
 
 #include "cc/core/cpu/huge_pages.h"
+#include "cc/core/crc32c.h"
+#include "cc/core/generation.h"
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
@@ -1507,6 +1509,221 @@ void TestApplyRuleConcurrent() {
   for (int i = 0; i < n; ++i) CHECK(sink.values[i] == static_cast<float>(threads * rounds));
 }
 
+
+// CRC-32C: the standard check value, and extending equals one pass.
+void TestCrc32c() {
+  CHECK(Crc32c("123456789", 9) == 0xe3069283u);
+  CHECK(Crc32c("", 0) == 0);
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data.push_back(static_cast<char>(i * 37 + i / 7));
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{501}, data.size()}) {
+    CHECK(Crc32cExtend(Crc32c(data.data(), cut), data.data() + cut, data.size() - cut) ==
+          Crc32c(data.data(), data.size()));
+  }
+  for (uint32_t v : {0u, 1u, 0xe3069283u, 0xffffffffu}) CHECK(UnmaskCrc32c(MaskCrc32c(v)) == v);
+}
+
+// A saved file of 300 int64 keys (dim 2) as the shard 1 of 3 of save `id`,
+// its keys routed by ShardOfKey; and the keys.
+std::string SavedShardFile(const Runner& runner, const std::string& id, SavedFile* saved,
+                           std::vector<int64_t>* keys_out) {
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+  std::vector<int64_t> keys;
+  std::vector<float> values;
+  for (int64_t k = -2000; keys.size() < 300; ++k) {
+    if (ShardOfKey(k, 3) != 1) continue;
+    keys.push_back(k);
+    values.push_back(static_cast<float>(k));
+    values.push_back(0.5f);
+  }
+  CHECK_OK(t->Insert(keys.data(), keys.size(), values.data(), nullptr, runner));
+  SaveOptions options;
+  options.chunk_rows = 64;
+  options.save_id = id;
+  options.shard_index = 1;
+  options.num_shards = 3;
+  options.routed = true;
+  MemorySink sink;
+  CHECK_OK(SaveTable(*t, options, &sink, saved));
+  CHECK(sink.closed);
+  CHECK(saved->rows == 300 && saved->bytes == sink.data.size());
+  if (keys_out != nullptr) *keys_out = keys;
+  return sink.data;
+}
+
+// Every single-bit flip and every truncation of a version 2 file fails the
+// load (kDataLoss past the header's first fields), and leaves the table as
+// it was; what a manifest expects of a file is checked too.
+void TestFileIntegrity(const Runner& runner) {
+  SavedFile saved;
+  std::vector<int64_t> keys;
+  const std::string file = SavedShardFile(runner, "0123456789abcdef", &saved, &keys);
+  const auto fresh = [&] {
+    auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+    const int64_t k = 7;
+    const float row[2] = {7, 7};
+    CHECK_OK(t->Insert(&k, 1, row, nullptr, runner));
+    return t;
+  };
+  {  // the file as written loads, with what it says about itself
+    auto t = fresh();
+    MemorySource source(file);
+    std::vector<LoadedFile> loaded;
+    CHECK_OK(LoadTable({&source}, *t, LoadOptions{}, runner, &loaded));
+    CHECK(t->Size() == 300);
+    CHECK(loaded[0].version == 2 && loaded[0].save_id == "0123456789abcdef");
+    CHECK(loaded[0].shard_index == 1 && loaded[0].num_shards == 3 && loaded[0].routed);
+    CHECK(loaded[0].rows == 300);
+  }
+  auto t = fresh();
+  for (size_t bit = 0; bit < file.size() * 8; bit += (bit < 64 * 8 ? 1 : 13)) {
+    std::string damaged = file;
+    damaged[bit / 8] = static_cast<char>(damaged[bit / 8] ^ (1 << (bit % 8)));
+    MemorySource source(damaged);
+    const Status s = LoadTable({&source}, *t, LoadOptions{}, runner);
+    CHECK(!s.ok());
+    if (bit >= 32 * 8) CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK(t->Size() == 1);
+  }
+  for (size_t cut = 0; cut < file.size(); cut += 97) {
+    MemorySource source(file.substr(0, cut));
+    const Status s = LoadTable({&source}, *t, LoadOptions{}, runner);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK(t->Size() == 1);
+  }
+  {  // bytes after the footer
+    MemorySource source(file + "x");
+    CHECK(LoadTable({&source}, *t, LoadOptions{}, runner).code() == StatusCode::kDataLoss);
+  }
+  ExpectedFile expected{"0123456789abcdef", 1, 3, saved.rows, saved.bytes, saved.digest};
+  const auto with = [&](const ExpectedFile& e) {
+    LoadOptions options;
+    options.expected = {e};
+    MemorySource source(file);
+    return LoadTable({&source}, *t, options, runner);
+  };
+  CHECK_OK(with(expected));
+  CHECK(t->Size() == 300);
+  t = fresh();
+  ExpectedFile other = expected;
+  other.save_id = "fedcba9876543210";
+  Status s = with(other);
+  CHECK(s.code() == StatusCode::kDataLoss && s.message().find("fedcba9876543210") != std::string::npos);
+  other = expected;
+  other.shard_index = 2;
+  CHECK(with(other).code() == StatusCode::kDataLoss);
+  other = expected;
+  other.digest ^= 1;
+  CHECK(with(other).code() == StatusCode::kDataLoss);
+  other = expected;
+  other.rows += 1;
+  CHECK(with(other).code() == StatusCode::kDataLoss);
+  CHECK(t->Size() == 1);
+
+  // Routing: loaded as shard 1 of 3 every key belongs; as shard 0 they do
+  // not (a swapped file), which verify_routing reports and filtering skips.
+  LoadOptions routed;
+  routed.num_shards = 3;
+  routed.shard_index = 1;
+  routed.verify_routing = true;
+  MemorySource a(file);
+  CHECK_OK(LoadTable({&a}, *t, routed, runner));
+  CHECK(t->Size() == 300);
+  t = fresh();
+  routed.shard_index = 0;
+  MemorySource b(file);
+  s = LoadTable({&b}, *t, routed, runner);
+  CHECK(s.code() == StatusCode::kDataLoss && s.message().find("shard 1 of 3") != std::string::npos);
+  CHECK(t->Size() == 1);
+  routed.verify_routing = false;
+  MemorySource c(file);
+  CHECK_OK(LoadTable({&c}, *t, routed, runner));
+  CHECK(t->Size() == 0);
+}
+
+// A version 1 stream (the format before checksums) still loads.
+void TestReadsVersion1(const Runner& runner) {
+  std::string v1("DYNEMB\0\1", 8);
+  const auto put = [&](const auto& v) { v1.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(uint32_t{1});
+  put(uint32_t{1});  // int64 keys
+  put(uint32_t{0});  // float32 values
+  put(uint32_t{0});
+  put(int64_t{2});
+  put(uint64_t{2});
+  for (int64_t k : {5, -9}) {
+    put(k);
+    put(uint64_t{42});
+    put(static_cast<float>(k));
+    put(1.5f);
+  }
+  put(uint64_t{0});
+  put(uint64_t{2});
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+  MemorySource source(v1);
+  std::vector<LoadedFile> loaded;
+  CHECK_OK(LoadTable({&source}, *t, LoadOptions{}, runner, &loaded));
+  CHECK(t->Size() == 2 && loaded[0].version == 1 && loaded[0].save_id.empty());
+  const int64_t k = -9;
+  float row[2];
+  const float def[2] = {0, 0};
+  CHECK_OK(t->Find(&k, 1, row, nullptr, def, false, runner));
+  CHECK(row[0] == -9.0f && row[1] == 1.5f);
+  // A newer format is refused with its version named.
+  std::string v3 = v1;
+  v3[8] = 3;
+  MemorySource newer(v3);
+  const Status s = LoadTable({&newer}, *t, LoadOptions{}, runner);
+  CHECK(s.code() == StatusCode::kFailedPrecondition && s.message().find("version 3") != std::string::npos);
+  CHECK(t->Size() == 2);
+}
+
+void TestManifest() {
+  Manifest m;
+  m.save_id = NewSaveId();
+  CHECK(IsSaveId(m.save_id) && m.save_id != NewSaveId());
+  m.key_type = KeyType::kString;
+  m.value_type = ValueType::kBFloat16;
+  m.dim = 12;
+  m.partitioner = "custom";
+  m.num_shards = 2;
+  for (int32_t i = 0; i < 2; ++i) {
+    m.files.push_back(ManifestFile{i, ShardFileName("emb", i, 2, m.save_id), 100u + i, 7u * i,
+                                   0xdeadbeefu - i});
+  }
+  const std::string text = SerializeManifest(m);
+  Manifest back;
+  CHECK_OK(ParseManifest(text, &back));
+  CHECK(back.save_id == m.save_id && back.key_type == m.key_type && back.value_type == m.value_type);
+  CHECK(back.dim == 12 && back.partitioner == "custom" && back.num_shards == 2);
+  CHECK(back.files.size() == 2 && back.files[1].name == m.files[1].name);
+  CHECK(back.files[1].bytes == 101 && back.files[1].rows == 7 && back.files[1].digest == 0xdeadbeeeu);
+  // Any damage (a changed byte, a cut) is detected.
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::string damaged = text;
+    damaged[i] = static_cast<char>(damaged[i] ^ 0x04);
+    CHECK(!ParseManifest(damaged, &back).ok());
+    CHECK(!ParseManifest(text.substr(0, i), &back).ok());
+  }
+  // The names a prefix owns, and the ones it does not.
+  const std::string id = "0123456789abcdef";
+  CHECK(NamesOwnedBy("emb-00001-of-00003." + id + ".dynemb", "emb", {}));
+  CHECK(NamesOwnedBy("emb-00001-of-00003." + id + ".dynemb.tmp-" + id, "emb", {}));
+  CHECK(NamesOwnedBy("emb.dynemb-manifest.tmp-" + id, "emb", {}));
+  CHECK(NamesOwnedBy("emb-00000-of-00002.dynemb", "emb", {}));
+  CHECK(NamesOwnedBy("emb-00000-of-00002.dynemb.tmp", "emb", {}));
+  CHECK(NamesOwnedBy("mine." + id + ".dynemb", "emb", {"mine"}));
+  CHECK(!NamesOwnedBy("emb.dynemb-manifest", "emb", {}));
+  CHECK(!NamesOwnedBy("emb_rank1_size2-00000-of-00002." + id + ".dynemb", "emb", {}));
+  CHECK(!NamesOwnedBy("emb-00001-of-00003.XYZ.dynemb", "emb", {}));
+  CHECK(!NamesOwnedBy("embx-00001-of-00003." + id + ".dynemb", "emb", {}));
+  CHECK(!NamesOwnedBy("other.txt", "emb", {}));
+  int32_t index = -1, shards = -1;
+  CHECK(ParseV1ShardFileName("emb-00002-of-00003.dynemb", "emb", &index, &shards));
+  CHECK(index == 2 && shards == 3);
+  CHECK(!ParseV1ShardFileName("emb-00002-of-00003." + id + ".dynemb", "emb", &index, &shards));
+}
+
 }  // namespace
 }  // namespace dynemb
 
@@ -1535,6 +1752,10 @@ int main() {
       {"presized_batch/threads", [&] { TestPresizedBatch(threads); }},
       {"save_load", [&] { TestSaveLoad(threads); }},
       {"sharded_load", [&] { TestShardedLoad(threads); }},
+      {"crc32c", TestCrc32c},
+      {"file_integrity", [&] { TestFileIntegrity(threads); }},
+      {"reads_version_1", [&] { TestReadsVersion1(serial); }},
+      {"manifest", TestManifest},
       {"partition_is_stable", TestPartitionIsStable},
       {"batched_box_muller", TestBatchedBoxMuller},
       {"concurrent_writers", TestConcurrentWriters},

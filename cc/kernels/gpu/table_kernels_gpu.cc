@@ -4,13 +4,14 @@
 // (gpu_table_resource.h) and which arguments stay in host memory:
 //   * table handles, always;
 //   * Size's and Stats' scalars: the core keeps them on the host;
-//   * the file ops' paths, which only host code reads.
+//   * the file ops' paths, save ids and staged loads, which only host code reads.
 // Keys, values, scores, `exists` and every export / eviction output are in
 // device memory. GPU tables take int32 and int64 keys: string-keyed tables
 // have no GPU kernel, so TF places them on the CPU.
 
 #include <initializer_list>
 
+#include "cc/kernels/file_kernels.h"
 #include "cc/kernels/gpu/gpu_table_resource.h"
 #include "cc/kernels/table_kernels.h"
 #include "cc/kernels/table_resource.h"
@@ -81,13 +82,25 @@ REGISTER_KERNEL_BUILDER(Name("DynembTableStats")
 REGISTER_KERNEL_BUILDER(Name("DynembTableSaveToFile")
                             .Device(DEVICE_GPU)
                             .HostMemory("table_handle")
-                            .HostMemory("filepath"),
+                            .HostMemory("dirpath")
+                            .HostMemory("file_name")
+                            .HostMemory("save_id")
+                            .HostMemory("file_entry"),
                         SaveToFileOp);
-REGISTER_KERNEL_BUILDER(Name("DynembTableLoadFromFile")
+REGISTER_KERNEL_BUILDER(Name("DynembTableStageLoad")
                             .Device(DEVICE_GPU)
                             .HostMemory("table_handle")
-                            .HostMemory("filepaths"),
-                        LoadFromFileOp);
+                            .HostMemory("manifest_paths")
+                            .HostMemory("filepaths")
+                            .HostMemory("expected_save_id")
+                            .HostMemory("staged")
+                            .HostMemory("save_ids"),
+                        StageLoadOp);
+REGISTER_KERNEL_BUILDER(Name("DynembTableCommitLoad")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table_handle")
+                            .HostMemory("staged"),
+                        CommitLoadOp);
 
 }  // namespace
 }  // namespace dynemb
