@@ -9,15 +9,17 @@ checkpoint saver, persistence/checkpoint.py) saves them like this, on every work
 1. the workers all-gather the checkpoint prefix each was given (its bytes, as int32) and
    take the chief's (rank 0): every slice goes beside the chief's checkpoint, whatever
    path a worker was told to write to;
-2. each worker writes its slice as a TF checkpoint bundle at
-   `<chief's temporary prefix>_dynemb_slice<r>of<W>`, with tensors named
+2. each worker writes its slice as a TF checkpoint bundle beside the chief's
+   checkpoint, at the prefix TF gave the chief's saver plus `_dynemb_slice<r>of<W>`
+   (`<checkpoint>-tensorflow_dynemb.tables_dynemb_slice<r>of<W>`), with tensors named
    `<object path>/.ATTRIBUTES/-slice<r>of<W>-keys` (`-values`, `-scores`), streamed
    from the table where the streaming op takes it (CPU tables), else exported;
 3. a barrier (one more all-gather) waits for every worker's bundle;
 4. the chief returns every slice bundle's prefix to TF, which merges them into its
-   checkpoint (`MergeV2Checkpoints` renames the data files; nothing is copied) and
-   removes its temporary directory. The chief's checkpoint then holds every slice, as
-   ordinary checkpoint tensors; `tf.train.CheckpointManager` keeps and deletes it whole.
+   checkpoint (`MergeV2Checkpoints` renames the data files; nothing is copied). The
+   chief's checkpoint then holds every slice, as ordinary checkpoint tensors;
+   `tf.train.CheckpointManager` keeps and deletes it whole, and a killed save's
+   bundles are deleted by the next save (persistence/checkpoint.py).
 
 So the checkpoint directory must be shared by the workers (one disk here; a network
 file system in production), and every worker must save (as MWMS requires anyway): a
