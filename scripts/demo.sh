@@ -7,7 +7,8 @@
 # dynamic embeddings trained on a synthetic click log, evaluated, checkpointed
 # and restored, then exported as SavedModels (with our ops, and static) that
 # fresh processes serve. `bash scripts/demo.sh --help` lists the flags (--rows, --vocab,
-# --features, --epochs, --batch-size, --dim, --workdir, --seed, --min-auc, ...).
+# --features, --epochs, --batch-size, --dim, --workdir, --keep, --seed, --min-auc, ...).
+# Its outputs go to a temporary directory removed at the end, unless --keep.
 #
 # Environment: DYNEMB_VENV, DYNEMB_TF_VERSION, DYNEMB_PYTHON, DYNEMB_BUILD_JOBS,
 # as for scripts/test.sh.
@@ -21,5 +22,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 # Back to the caller's directory, so that a relative --workdir means what it says.
 cd "$CALLER_DIR"
 
+# As `python -m tensorflow_dynemb.demo`, with TensorFlow's C++ start-up lines (and cuInit's
+# error line on a machine without a GPU driver) held back: they are shown only if
+# TensorFlow fails to start (tensorflow_dynemb/_quiet_start.py).
 log "python -m tensorflow_dynemb.demo $*"
-exec "$PY" -m tensorflow_dynemb.demo "$@"
+exec "$PY" "$ROOT/tensorflow_dynemb/_quiet_start.py" -m tensorflow_dynemb.demo "$@"

@@ -13,9 +13,16 @@
 #   DYNEMB_TF_VERSION  TensorFlow version to test against (default: 2.21.0)
 #   DYNEMB_PYTHON      interpreter used to create the virtualenv (default: python3; 3.10-3.12)
 #   DYNEMB_BUILD_JOBS  parallel compiler processes (default: all CPUs)
+#   DYNEMB_TEST_WORKERS  pytest-xdist worker processes (default: auto, one per CPU;
+#                      0 runs the tests in pytest's own process)
 #
-# Arguments go to pytest; `tests` is added unless they name test paths themselves
-# (bash scripts/test.sh tests/test_loader.py -x).
+# The tests run in parallel (pytest-xdist), one test file per worker at a time
+# (--dist loadfile: a module's fixtures, some of which start processes, run once).
+# Tests marked slow (compile checks, scale tests) are skipped unless --run-slow is
+# given (.ci/run gives it); the summary ends with one line per skip reason.
+#
+# Arguments go to pytest, after ours (so `-n 0` wins); `tests` is added unless they
+# name test paths themselves (bash scripts/test.sh tests/test_loader.py -x).
 # Exits with pytest's status (non-zero when a test fails, or when no test ran).
 set -euo pipefail
 
@@ -28,5 +35,6 @@ for arg in "$@"; do
   case "$arg" in -*) continue ;; esac
   if [ -e "${arg%%::*}" ]; then targets=(); break; fi
 done
-log "python -m pytest -q ${targets[*]-} $*"
-exec "$PY" -m pytest -q ${targets[@]+"${targets[@]}"} "$@"
+workers="${DYNEMB_TEST_WORKERS:-auto}"
+log "python -m pytest -q -n $workers --dist loadfile ${targets[*]-} $*"
+exec "$PY" -m pytest -q -n "$workers" --dist loadfile ${targets[@]+"${targets[@]}"} "$@"

@@ -1,9 +1,11 @@
 """End-to-end demo: train a click-through-rate model on dynamic embeddings.
 
     python -m tensorflow_dynemb.demo [--rows 1000000] [--vocab 1000000] [--features 7]
-        [--epochs 1] [--batch-size 1024] [--dim 8] [--workdir DIR] [--seed 0] [--min-auc 0.7]
+        [--epochs 1] [--batch-size 1024] [--dim 8] [--workdir DIR] [--keep] [--seed 0]
+        [--min-auc 0.7]
 
-(`bash scripts/demo.sh [flags]` sets up a virtualenv first, then runs this.)
+(`bash scripts/demo.sh [flags]` sets up a virtualenv first, then runs this through
+`_quiet_start.py`, which keeps TensorFlow's C++ start-up lines out of the output.)
 
 What it does:
 
@@ -31,25 +33,33 @@ What it does:
 Exits with status 1 when the held-out AUC is below `--min-auc`, the restored
 predictions differ, or a SavedModel serves another prediction, so it doubles as a
 smoke test.
+
+Output stays short when redirected (CI, a log file): `model.fit` prints one line per
+epoch unless stdout is a terminal, where it draws its progress bar. The checkpoint and
+SavedModels (tens to hundreds of MB) go to a temporary directory that is removed at
+the end unless `--keep` is given; a `--workdir` of your own is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 from tensorflow import keras
 
 import tensorflow_dynemb as de
+from tensorflow_dynemb import _quiet_start
 
 # ----------------------------------------------------------------------------
 # Synthetic click log (numpy only)
@@ -288,10 +298,11 @@ def save_and_restore(model: keras.Model, specs, args, workdir: str) -> Tuple[str
 # How long a serving process may take (it mostly imports TensorFlow).
 SERVE_TIMEOUT_S = 300
 
-# The program of a fresh `python -c` process: loads the SavedModel argv[1], serves
-# the row argv[3] (JSON: ids by feature) through its "serving_default" signature and
-# prints the prediction. argv[2] "ops" imports tensorflow_dynemb first (it registers
-# the ops the tables use); "static" never does, and checks that.
+# The program of a fresh process (`_quiet_start.py -c`, which has imported TensorFlow
+# with its start-up lines held back): loads the SavedModel argv[1], serves the row
+# argv[3] (JSON: ids by feature) through its "serving_default" signature and prints
+# the prediction. argv[2] "ops" imports tensorflow_dynemb first (it registers the ops
+# the tables use); "static" never does, and checks that.
 _SERVE_PROGRAM = """
 import json, sys
 import tensorflow as tf
@@ -352,7 +363,8 @@ def serve_in_fresh_processes(exports: Dict[str, str], row: Dict[str, int]
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (package_root, env.get("PYTHONPATH")) if p)
         processes[form] = subprocess.Popen(
-            [sys.executable, "-c", _SERVE_PROGRAM, path, form, json.dumps(row)],
+            [sys.executable, _quiet_start.__file__, "-c", _SERVE_PROGRAM, path, form,
+             json.dumps(row)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     served = {}
     for form, process in processes.items():
@@ -401,21 +413,53 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=0.002, help="Adam's learning rate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of the rows held out for evaluation")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of the model")
-    p.add_argument("--workdir", default=None, help="where the checkpoint and the SavedModels go (default: a new temporary directory)")
+    p.add_argument("--workdir", default=None,
+                   help="where the checkpoint and the SavedModels go, kept at the end "
+                        "(default: a new temporary directory, removed at the end unless --keep)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the temporary directory with the checkpoint and the SavedModels")
     p.add_argument("--min-auc", type=float, default=0.7, help="exit with status 1 below this held-out AUC")
-    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
-                   help="model.fit verbosity: 1 progress bar, 2 one line per epoch, 0 silent")
+    p.add_argument("--verbose", type=int, default=None, choices=(0, 1, 2),
+                   help="model.fit verbosity: 1 progress bar, 2 one line per epoch, 0 silent "
+                        "(default: 1 when stdout is a terminal, else 2)")
     args = p.parse_args(argv)
+    if args.verbose is None:
+        # Redirected, Keras' progress bar is one line rewritten with "\r" at every
+        # step: tens of KB without a line break.
+        args.verbose = 1 if sys.stdout.isatty() else 2
     if args.rows < 100 or not 0.0 < args.test_fraction < 1.0 or args.features < 1:
         p.error("need --rows >= 100, 0 < --test-fraction < 1 and --features >= 1")
     return args
 
 
+@contextlib.contextmanager
+def demo_workdir(workdir: Optional[str], keep: bool) -> Iterator[Tuple[str, bool]]:
+    """Yields `(directory, kept)`: `workdir` (created if needed, always kept), else a new
+    temporary directory, removed on exit (also on failure) unless `keep`."""
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+        yield workdir, True
+        return
+    path = tempfile.mkdtemp(prefix="dynemb_demo_")
+    try:
+        yield path, keep
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Under `python -m` TensorFlow is imported already; its runtime's start (cuInit's
+    # error line on a machine without a GPU driver) is still held back.
+    _quiet_start.start_tensorflow_quietly()
+    with demo_workdir(args.workdir, args.keep) as (workdir, kept):
+        return run(args, workdir, kept)
+
+
+def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
+    """The demo in `workdir` (see the module docstring); returns the exit status."""
     start = time.perf_counter()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="dynemb_demo_")
-    os.makedirs(workdir, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
 
     print(f"==> Generating {args.rows:,} rows of clicks")
@@ -475,7 +519,8 @@ def main(argv=None) -> int:
         distinct = len(np.unique(train[spec.name]))
         print(f"  {spec.name:<14} {spec.vocab:>12,} {distinct:>18,} {table_size(layer):>11,}")
     print(f"held-out AUC  {auc:.4f}  (true click probabilities reach {roc_auc(test_labels, probabilities[n_train:]):.4f})")
-    print(f"checkpoint    {ckpt_path} ({_dir_bytes(os.path.dirname(ckpt_path)) / 2**20:.1f} MiB); "
+    print(f"checkpoint    {os.path.relpath(ckpt_path, workdir)} "
+          f"({_dir_bytes(os.path.dirname(ckpt_path)) / 2**20:.1f} MiB); "
           f"restored model's predictions: max |diff| {max_diff:.2g}")
     print(f"saved models  held-out row {index} ({unseen} of its {len(row)} ids unseen in "
           f"training): trained model predicts {live:.6f}")
@@ -484,10 +529,16 @@ def main(argv=None) -> int:
         prediction, error = served[form]
         outcome = error if prediction is None else (
             f"{prediction:.6f} (|diff| {abs(prediction - live):.2g})")
-        print(f"  {titles[form]:<17} {path} ({_dir_bytes(path) / 2**20:.1f} MiB); "
-              f"served in a fresh process: {outcome}")
+        print(f"  {titles[form]:<17} {os.path.relpath(path, workdir)} "
+              f"({_dir_bytes(path) / 2**20:.1f} MiB); served in a fresh process: {outcome}")
     print(f"time          {total_s:.1f} s (data {data_s:.1f} s, fit {train_s:.1f} s, "
           f"export and serve {export_s:.1f} s)")
+    if kept:
+        print(f"outputs       {os.path.abspath(workdir)} ({_dir_bytes(workdir) / 2**20:.1f} MiB: "
+              "ckpt/, saved_model/, saved_model_static/), kept")
+    else:
+        print(f"outputs       {workdir} ({_dir_bytes(workdir) / 2**20:.1f} MiB), removed at "
+              "exit (--keep keeps them)")
 
     failures = []
     if not auc >= args.min_auc:

@@ -421,6 +421,7 @@ def test_counters(core):
     assert c == dict(inserts=14, updates=1, lookups=4, misses=1, removes=0, evictions=6)
 
 
+@pytest.mark.slow  # a stress test: tens of seconds on 2 cores
 def test_size_bound_with_concurrent_writers(core):
     """8 Python threads (the binding releases the GIL) insert, insert_and_evict,
     accum, accum_and_evict and remove on one bounded table, each with a 2-thread runner, while another

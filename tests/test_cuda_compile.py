@@ -25,6 +25,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import core_gpu_ext  # noqa: E402
 
+# Minutes of nvcc on 2 cores: run by CI (--run-slow), like the scale tests.
+pytestmark = pytest.mark.slow
+
 REPO = core_gpu_ext.REPO
 ARCHS = (("sm_90", ["-arch=sm_90"]),
          ("sm_80", ["-gencode", "arch=compute_80,code=sm_80"]))

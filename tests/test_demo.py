@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tensorflow_dynemb import demo
 
@@ -64,33 +65,100 @@ def test_labels_are_learnable():
     assert abs(demo.roc_auc(y, scores) - pairwise) < 1e-12
 
 
+QUIET_START = os.path.join(ROOT, "tensorflow_dynemb", "_quiet_start.py")
+
+# A stand-in for TensorFlow: writes C++-style lines to descriptor 2 on import and when
+# its runtime starts, and fails on import when FAIL is set.
+_FAKE_TENSORFLOW = """
+import os, types
+os.write(2, b"I0000 00:00:1.0 port.cc:153] start-up line\\n")
+if os.environ.get("FAIL"):
+    raise ImportError("no TensorFlow here")
+config = types.SimpleNamespace(
+    list_logical_devices=lambda: os.write(2, b"E0000 00:00:2.0 cuda_platform.cc:52] cuInit\\n"))
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_quiet_start_holds_back_only_a_start_that_works(tmp_path, fail):
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(_FAKE_TENSORFLOW)
+    program = "import os, sys; os.write(2, b'later\\n'); print(sys.argv[1:])"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), FAIL="1" if fail else "")
+    result = subprocess.run([sys.executable, QUIET_START, "-c", program, "a", "b"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    if fail:  # what the start wrote is shown, with the error
+        assert result.returncode == 1 and result.stdout == ""
+        assert "port.cc:153] start-up line" in result.stderr, result.stderr
+        assert "ImportError: no TensorFlow here" in result.stderr, result.stderr
+    else:  # held back; what the program writes later is not
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "['a', 'b']\n"
+        assert result.stderr == "later\n"
+
+
+def test_demo_workdir_is_removed_unless_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo.tempfile, "tempdir", str(tmp_path))
+    with demo.demo_workdir(None, keep=False) as (workdir, kept):
+        open(os.path.join(workdir, "f"), "w").close()
+    assert not kept and not os.path.exists(workdir)
+    with pytest.raises(RuntimeError):  # removed on failure too
+        with demo.demo_workdir(None, keep=False) as (workdir, _):
+            raise RuntimeError("demo failed")
+    assert os.listdir(tmp_path) == []
+    with demo.demo_workdir(None, keep=True) as (workdir, kept):
+        pass
+    assert kept and os.path.isdir(workdir) and workdir.startswith(str(tmp_path))
+    own = str(tmp_path / "own")
+    with demo.demo_workdir(own, keep=False) as (workdir, kept):
+        pass
+    assert (workdir, kept) == (own, True) and os.path.isdir(own)
+
+
 def test_demo_end_to_end(tmp_path):
     """Generate, train, evaluate, checkpoint, restore and predict, export both
-    SavedModels and serve them in fresh processes, at a tiny size."""
+    SavedModels and serve them in fresh processes, at a tiny size; run as
+    scripts/demo.sh runs it (through _quiet_start.py), its output redirected to a file
+    as in CI: short, no overlong line, no C++ log line of TensorFlow's start."""
     cmd = [
-        sys.executable, "-m", "tensorflow_dynemb.demo",
+        sys.executable, QUIET_START, "-m", "tensorflow_dynemb.demo",
         "--rows", "20000", "--vocab", "10000", "--epochs", "1",
-        "--batch-size", "256", "--learning-rate", "0.005",
-        "--min-auc", "0.6", "--verbose", "2", "--workdir", str(tmp_path),
+        "--batch-size", "256", "--learning-rate", "0.005", "--min-auc", "0.6", "--keep",
     ]
-    # From the repository root, so the package imports without an install too.
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    output = result.stdout + result.stderr
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as out:
+        # From the repository root, so the package imports without an install too.
+        result = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, timeout=300)
+    output = log.read_text()
     assert result.returncode == 0, output
     assert re.search(r"^demo: PASSED \(held-out AUC 0\.\d+ >= 0\.6, restored predictions match, "
                      r"both SavedModels serve the trained model's prediction\)$",
-                     result.stdout, re.MULTILINE), output
-    assert re.search(r"^held-out AUC\s+0\.\d+", result.stdout, re.MULTILINE), output
-    assert os.path.exists(os.path.join(tmp_path, "ckpt", "ctr_model.index")), output
+                     output, re.MULTILINE), output
+    assert re.search(r"^held-out AUC\s+0\.\d+", output, re.MULTILINE), output
+
+    lines = output.splitlines()
+    assert len(output) < 6000 and max(len(line) for line in lines) < 2000, output
+    assert "\r" not in output, output  # no progress bar
+    # Keras' per-epoch lines instead, one per epoch.
+    assert len([line for line in lines if re.match(r"^\d+/\d+ - ", line)]) == 1, output
+    # No C++ log line ("I0000 00:00:...", "E0000 ..."): start-up lines are held back.
+    assert not [line for line in lines if re.match(r"^[IWEF]\d{4} ", line)], output
+
+    # Kept, in the temporary directory, and the summary says where.
+    (workdir,) = [p for p in tmp_path.iterdir() if p.name.startswith("dynemb_demo_")]
+    assert re.search(rf"^outputs +{re.escape(str(workdir))} .*kept$", output, re.MULTILINE), output
+    assert (workdir / "ckpt" / "ctr_model.index").exists(), output
     # One prediction served from each SavedModel, equal to the trained model's.
-    live = re.search(r"^saved models .*: trained model predicts (0\.\d+)$", result.stdout,
-                     re.MULTILINE)
+    live = re.search(r"^saved models .*: trained model predicts (0\.\d+)$", output, re.MULTILINE)
     assert live, output
     for title, directory in (("with our ops", "saved_model"),
                              ("static (stock TF)", "saved_model_static")):
         served = re.search(
-            rf"^  {re.escape(title)} +\S+ \(.*\); served in a fresh process: (0\.\d+) ",
-            result.stdout, re.MULTILINE)
+            rf"^  {re.escape(title)} +{directory} \(.*\); served in a fresh process: (0\.\d+) ",
+            output, re.MULTILINE)
         assert served, output
         assert abs(float(served.group(1)) - float(live.group(1))) <= 1e-5, output
-        assert os.path.exists(os.path.join(tmp_path, directory, "saved_model.pb")), output
+        assert (workdir / directory / "saved_model.pb").exists(), output

@@ -140,8 +140,14 @@ def test_cuda_library_keeps_its_cuda_runtime_private():
 
 @pytest.fixture
 def fresh_placement_note(monkeypatch):
-    """The once-per-process note not said yet; `set_built(flag)` fakes the build."""
+    """The once-per-process note not said yet; `set_built(flag)` fakes the build. The
+    process is made to look like a machine with four GPUs, so that the GPU devices
+    these tests name exist (a missing device is moved: tests/test_variable.py)."""
     monkeypatch.setattr(sharding, "_said_no_gpu_kernels", False)
+    devices = ["/device:CPU:0"] + [f"/device:GPU:{i}" for i in range(4)]
+    monkeypatch.setattr(
+        sharding, "_local_devices", lambda: [tf.DeviceSpec.from_string(d) for d in devices]
+    )
 
     def set_built(flag: bool):
         monkeypatch.setattr(_ops, "gpu_kernels_built", lambda: flag)

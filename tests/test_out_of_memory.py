@@ -16,7 +16,11 @@ import pytest
 
 from _tables_util import run_python
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="RLIMIT_AS is Linux's")
+# Each case fills hundreds of MiB until an insert fails: slow, run by CI (--run-slow).
+pytestmark = [
+    pytest.mark.skipif(platform.system() != "Linux", reason="RLIMIT_AS is Linux's"),
+    pytest.mark.slow,
+]
 
 # argv[1]: "int64" or "string". Fills a table in batches under a cap of 400 MiB more
 # address space than the process has, until an insert runs out of memory.

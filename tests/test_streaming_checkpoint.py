@@ -443,6 +443,7 @@ def takes_direct_io(directory):
     return True
 
 
+@pytest.mark.slow  # two processes each writing a checkpoint of tens of MiB
 def test_direct_and_buffered_saves_write_the_same_bytes(tmp_path, monkeypatch):
     if not takes_direct_io(str(tmp_path)):
         pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT (the buffered path runs)")

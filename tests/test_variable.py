@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tensorflow_dynemb as de
+from tensorflow_dynemb.variable import sharding
 from _tables_util import (
     KEY_DTYPES,
     DictModel,
@@ -197,6 +200,50 @@ def test_each_shard_lives_on_its_device(shards):
 
     order = np.random.default_rng(7).permutation(len(keys))[:500]
     np.testing.assert_array_equal(var.lookup(keys[order]).numpy(), values[order])
+
+
+@pytest.fixture
+def fresh_device_notes(monkeypatch):
+    """No missing device said yet in this process."""
+    monkeypatch.setattr(sharding, "_said_missing_devices", set())
+
+
+def test_a_device_the_process_lacks_gets_no_shard_and_is_said_once(fresh_device_notes):
+    """conftest gives this process /CPU:0-2: a shard asked for on /CPU:7 goes to /CPU:0
+    (instead of TF's silent soft placement there), `devices` says so, and one warning
+    names the device and where its shard went."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        var = de.Variable(tf.int64, tf.float32, dim=2, devices=["/CPU:1", "/CPU:7"], name="lacks")
+        again = de.Variable(tf.int64, tf.float32, dim=2, devices=["/CPU:7", "/CPU:2"])
+        slots = var.companion("slot", tf.float32, 2, 0.0)
+    said = [str(w.message) for w in record if issubclass(w.category, UserWarning)]
+    assert len(said) == 1, said
+    assert "'lacks'" in said[0] and "/CPU:7 -> /CPU:0" in said[0]
+    assert var.devices == slots.devices == ["/CPU:1", "/CPU:0"]
+    assert again.devices == ["/CPU:0", "/CPU:2"]
+    for table, device in zip(var.tables + again.tables, var.devices + again.devices):
+        assert table.resource_handle.device.endswith(device[1:].replace("CPU", "device:CPU"))
+
+    keys = np.arange(100, dtype=np.int64)
+    var.upsert(keys, np.stack([keys, -keys], axis=1).astype(np.float32))
+    assert int(var.size(0)) + int(var.size(1)) == 100 and int(var.size(1)) > 0
+    np.testing.assert_array_equal(var.lookup(keys[::-1]).numpy()[:, 0], keys[::-1])
+
+
+def test_which_devices_are_checked(fresh_device_notes):
+    present = [d.name for d in tf.config.list_logical_devices()]
+    gpu = "/GPU:0" if any(":GPU:" in d for d in present) else "/CPU:0"
+    assert sharding._missing_devices(["/CPU:0", "/CPU:2", "/device:CPU:1"]) == {}
+    assert sharding._missing_devices(["/CPU:9", "/GPU:9", "/job:localhost/device:CPU:5"]) == {
+        "/CPU:9": "/CPU:0", "/GPU:9": gpu, "/job:localhost/device:CPU:5": "/CPU:0"}
+    # Remote devices are the cluster's to have.
+    assert sharding._missing_devices(["/job:ps/task:1/CPU:9", "/job:worker/task:3"]) == {}
+    # In a TF1 graph the session's config says which devices exist.
+    with tf.Graph().as_default():
+        assert sharding._missing_devices(["/CPU:9"]) == {}
+        placed, note = sharding.table_devices(["/CPU:9"], tf.int64)
+    assert placed == ["/CPU:9"] and note is None
 
 
 def test_custom_partitioner_routes_keys():

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.distribute.cluster import current_group
 from tensorflow_dynemb.distribute.collectives import gather_rows
 from tensorflow_dynemb.variable import step_ops
@@ -28,8 +29,22 @@ __all__ = [
     "keras_clip",
     "optimizer_name",
     "slot_names",
+    "views_to_train",
     "wrapped",
 ]
+
+
+def views_to_train(grads_and_vars) -> List[Any]:
+    """The trainable views of `grads_and_vars` whose slots a step needs: those with a
+    gradient, and in a SavedModel's trace every view. There the lookups read the tables
+    directly (docs/serving.md), so no view gets a gradient; but a `tf.function` may
+    create variables in its first trace only, which is the save's trace when the
+    function was never called before, so the slots the live trace needs are made now."""
+    read_only = _export_context.read_only()
+    return [
+        v for g, v in grads_and_vars
+        if rows_of(v) is not None and (g is not None or read_only)
+    ]
 
 
 class SparseGradient(NamedTuple):

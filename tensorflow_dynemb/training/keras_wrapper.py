@@ -17,6 +17,7 @@ from tensorflow_dynemb.training.applier import (
     keras_clip,
     optimizer_name,
     slot_names,
+    views_to_train,
 )
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
@@ -63,7 +64,7 @@ class KerasWrapperMixin:
           `apply_gradients` return there); None elsewhere, where ops run as built
           (eagerly) or in program order (`tf.function`).
         """
-        self._dynemb.create_slots([v for g, v in pairs if g is not None])
+        self._dynemb.create_slots(views_to_train(pairs))
         dense, writes = self._dynemb.step(pairs, self._step_numbers(), self._clip)
         dense = [(g, v) for g, v in dense if g is not None]
         # In a TF1 graph nothing else orders them: the sparse writes read `iterations`

@@ -14,6 +14,7 @@ from tensorflow_dynemb.training.applier import (
     get_slot,
     optimizer_name,
     slot_names,
+    views_to_train,
 )
 from tensorflow_dynemb.training.slots import SlotStore
 from tensorflow_dynemb.variable.trainable import rows_of
@@ -42,7 +43,7 @@ class V1DynamicEmbeddingOptimizer(tf.compat.v1.train.Optimizer):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         pairs = list(grads_and_vars)
-        shadows = [v for g, v in pairs if g is not None and rows_of(v) is not None]
+        shadows = views_to_train(pairs)
         if not shadows:  # nothing sparse: exactly the inner optimizer
             return self.inner_optimizer.apply_gradients(pairs, global_step=global_step, name=name)
         rule = self._dynemb.rule

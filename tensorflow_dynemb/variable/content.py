@@ -236,9 +236,11 @@ class VariableContent:
 
     def _gather_saveables_for_checkpoint(self):
         # TF1's Saver asks this first (tf.train.Checkpoint and SavedModels use
-        # _serialize_to_tensors): with a FileSystemSaver, the content goes to files.
+        # _serialize_to_tensors): with a FileSystemSaver, the content goes to files;
+        # without, the content is saved under the variable's name (TF1SaverHooks, in
+        # Variable's bases), as `Saver()` without `var_list` saves it.
         if self._file_system_saver() is None:
-            return {}
+            return super()._gather_saveables_for_checkpoint()
         return {"file_system": functools.partial(file_saver.FileSystemSaveable, self)}
 
     # -- checkpointing (public Trackable hooks) --------------------------------------------

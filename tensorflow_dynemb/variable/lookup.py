@@ -122,14 +122,17 @@ def _lookup_rows(
     A trace for serving (`tf.saved_model.save`, `de.export_static_saved_model`) reads
     the tables directly, even when the caller asks for the view (returned, unused):
     every read through the view writes its buffers, which concurrent serving calls
-    would race on, and a SavedModel must not change anything.
+    would race on, and a SavedModel must not change anything. It still creates the view
+    a live trace would use: a `tf.function` may create variables in its first trace
+    only, and the save's trace is the first one of a function never called before it
+    (docs/serving.md's example), so a view first made by a later live trace would fail
+    that call.
     """
-    if _export_context.read_only():
-        trainable = params._trainable_rows(name).variable if return_trainable else None
-        return params.lookup(ids), trainable
     if not (return_trainable or _may_train(params)):
         return params.lookup(ids), None
     trainable = params._trainable_rows(name, ids)
+    if _export_context.read_only():
+        return params.lookup(ids), trainable.variable if return_trainable else None
     rows = trainable.read(tf.reshape(ids, [-1]))
     rows = tf.reshape(rows, tf.concat([tf.shape(ids), [params.dim]], 0))
     rows.set_shape(ids.shape.concatenate([params.dim]))

@@ -4,7 +4,7 @@ each shard table lives on (`table_devices`)."""
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -24,6 +24,8 @@ Partitioner = Callable[[tf.Tensor, int], tf.Tensor]
 
 # The no-GPU-kernels note is about the installation, not a variable: said once.
 _said_no_gpu_kernels = False
+# A missing device is about the process, not a variable: said once per device.
+_said_missing_devices = set()
 
 
 def _device_spec(device: str) -> Optional[tf.DeviceSpec]:
@@ -46,16 +48,59 @@ def _cpu_of(device: str) -> str:
     return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
+def _local_devices() -> List[tf.DeviceSpec]:
+    """The devices of this process (logical devices: what `tf.device` can name)."""
+    return [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
+
+
+def _is_local(spec: tf.DeviceSpec) -> bool:
+    """Whether `spec` names a device of this process (no other job or task)."""
+    return spec.job in (None, "localhost") and spec.replica in (None, 0) and spec.task in (None, 0)
+
+
+def _missing_devices(devices: Sequence[str]) -> Dict[str, str]:
+    """`{device: where its shard goes instead}` for each local device of `devices` that
+    this process does not have.
+
+    TF would place such a shard by soft placement, silently (the second of
+    `["/CPU:0", "/CPU:1"]` lands on `/CPU:0` in a default process), so the shard goes
+    explicitly to device 0 of the same type if the process has one, else to `/CPU:0`.
+    `/CPU:0` always exists and remote devices (`/job:ps/task:1/...`) are the cluster's
+    business, so neither is checked, and nothing is listed (no runtime set-up) unless a
+    device needs it. While building a TF1 graph the session's config decides which
+    devices exist (`device_count`), so nothing is checked there either.
+    """
+    checked = {}
+    for device in devices:
+        spec = _device_spec(device)
+        if spec is None or not _is_local(spec) or spec.device_type is None:
+            continue
+        kind = spec.device_type.upper()
+        index = spec.device_index or 0
+        if (kind, index) != ("CPU", 0):
+            checked[device] = (kind, index)
+    if not checked or not tf.compat.v1.executing_eagerly_outside_functions():
+        return {}
+    present = {((d.device_type or "").upper(), d.device_index or 0) for d in _local_devices()}
+    missing = {}
+    for device, (kind, index) in checked.items():
+        if (kind, index) not in present:
+            missing[device] = f"/{kind}:0" if (kind, 0) in present else "/CPU:0"
+    return missing
+
+
 def table_devices(
     devices: Sequence[str], key_dtype: tf.dtypes.DType
 ) -> Tuple[List[str], Optional[str]]:
     """Where the shard tables of a variable go, and why, when that is not `devices`.
 
-    GPU tables take int32 and int64 keys only: a string-keyed shard asked for on a GPU
-    goes to the CPU of that device's job and task instead, with a message. int32 /
-    int64 shards stay where asked; if the op library was built without its GPU
-    kernels (docs/gpu.md), TF's soft device placement runs them on the CPU, and the
-    message (once per process) says so.
+    A local device this process does not have (`/CPU:1` in a process with one logical
+    CPU) is replaced by device 0 of its type, or `/CPU:0` (see `_missing_devices`), with
+    a message naming both (once per process and device). GPU tables take int32 and
+    int64 keys only: a string-keyed shard asked for on a GPU goes to the CPU of that
+    device's job and task instead, with a message. int32 / int64 shards stay where
+    asked; if the op library was built without its GPU kernels (docs/gpu.md), TF's soft
+    device placement runs them on the CPU, and the message (once per process) says so.
 
     Args:
       devices: the devices asked for, one per shard.
@@ -72,24 +117,36 @@ def table_devices(
     ['/CPU:0', '/job:ps/task:1/device:CPU:0']
     """
     global _said_no_gpu_kernels
+    notes = []
+    missing = _missing_devices(devices)
+    if missing:
+        devices = [missing.get(d, d) for d in devices]
+    unsaid = {d: placed for d, placed in missing.items() if d not in _said_missing_devices}
+    if unsaid:
+        _said_missing_devices.update(unsaid)
+        moved = ", ".join(f"{asked} -> {placed}" for asked, placed in unsaid.items())
+        notes.append(
+            f"this process has no device {sorted(unsaid)}, so those shards are placed "
+            f"elsewhere ({moved}); `devices` reports where each shard is. List the "
+            "process's devices with tf.config.list_logical_devices(), or make more with "
+            "tf.config.set_logical_device_configuration() before TensorFlow starts."
+        )
     gpus = [d for d in devices if _is_gpu(d)]
-    if not gpus:
-        return list(devices), None
-    if key_dtype == tf.string:
-        placed = [_cpu_of(d) if _is_gpu(d) else d for d in devices]
-        return placed, (
+    if gpus and key_dtype == tf.string:
+        devices = [_cpu_of(d) if _is_gpu(d) else d for d in devices]
+        notes.append(
             f"string keys have no GPU tables: the shards asked for on {gpus} are placed "
             f"on {[_cpu_of(d) for d in gpus]} instead."
         )
-    if not _ops.gpu_kernels_built() and not _said_no_gpu_kernels:
+    elif gpus and not _ops.gpu_kernels_built() and not _said_no_gpu_kernels:
         _said_no_gpu_kernels = True
-        return list(devices), (
+        notes.append(
             f"tensorflow_dynemb was built without its GPU kernels, so the tables asked for "
             f"on {gpus} run where TensorFlow's soft device placement puts them (the CPU); "
             "where soft placement is off (TF1 sessions by default), TensorFlow cannot "
             "place them. Rebuild with DYNEMB_CUDA=1 for GPU tables (docs/gpu.md)."
         )
-    return list(devices), None
+    return list(devices), " ".join(notes) or None
 
 
 def default_partition_fn(keys: TensorLike, shard_num: int) -> tf.Tensor:

@@ -144,8 +144,11 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
             `MultiWorkerMirroredStrategy` with several workers: model-parallel, one
             slice per worker, on the worker's device (see the module docstring). GPU devices hold int32 / int64 keyed shards
             when the op library has its GPU kernels (docs/gpu.md); string-keyed shards
-            asked for on a GPU go to that machine's CPU, with a warning (see
-            `tensorflow_dynemb.variable.sharding.table_devices`).
+            asked for on a GPU go to that machine's CPU, and a shard asked for on a
+            local device this process does not have (`/CPU:1` in a default process)
+            goes to device 0 of its type or `/CPU:0`, each with a warning (see
+            `tensorflow_dynemb.variable.sharding.table_devices`); `devices` then
+            reports where the shards are.
           partitioner: `fn(keys, num_shards) -> int32 shard ids`; default
             `de.default_partition_fn`.
           shared_name: share the shard tables by name with other variables of this
@@ -179,8 +182,9 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
             raise TypeError(f"`partitioner` must be callable, got {partitioner!r}.")
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
-        # Where the shards really go (string keys have no GPU tables); `devices`,
-        # and every companion variable (optimizer slots), use these.
+        # Where the shards really go (string keys have no GPU tables, a device the
+        # process lacks is replaced); `devices`, and every companion variable
+        # (optimizer slots), use these.
         self._devices, placement_note = table_devices(devices, self._key_dtype)
         if placement_note:
             warnings.warn(f"de.Variable {name!r}: {placement_note}", UserWarning, stacklevel=2)

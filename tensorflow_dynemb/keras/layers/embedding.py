@@ -238,6 +238,13 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         _check_not_floating(ids)
         if not self._may_train(training):
             return self._read_rows(ids)
+        if _export_context.read_only():
+            # A SavedModel serves: its functions (tf_keras traces training=True ones
+            # too) read the table and capture no trainable view. The view a live trace
+            # would use is still made here: a tf.function creates variables in its
+            # first trace only, and this may be that trace (saved before any call).
+            self.params._trainable_rows(self.name)
+            return self._read_rows(ids)
         lookup = embedding_lookup_unique if self.with_unique else embedding_lookup
         rows, view = lookup(
             self.params, ids, name=self.name, max_norm=self.max_norm, return_trainable=True
@@ -248,10 +255,6 @@ class Embedding(ViewWeights, CallerTracking, Layer):
 
     def _may_train(self, training) -> bool:
         if not self.trainable or (isinstance(training, (bool, np.bool_)) and not training):
-            return False
-        # A SavedModel serves: its functions (tf_keras traces training=True ones too)
-        # read the table, and capture no trainable view.
-        if _export_context.read_only():
             return False
         if tf.executing_eagerly():
             return tape_may_record()
