@@ -34,7 +34,6 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 
 import numpy as np
 
@@ -254,14 +253,6 @@ def ps_coordinator(args):
 CHILDREN = {"mwms": mwms_child, "ps": ps_child, "coordinator": ps_coordinator}
 
 
-def child_main(mode: str, raw: str) -> None:
-    try:
-        result = CHILDREN[mode](json.loads(raw))
-    except Exception:
-        result = {"error": traceback.format_exc()}
-    print(json.dumps(result), flush=True)
-
-
 # ----------------------------------------------------------------------------------------
 # Parent
 # ----------------------------------------------------------------------------------------
@@ -361,6 +352,6 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in CHILDREN:
-        child_main(sys.argv[1], sys.argv[2])
+        cu.child_main(CHILDREN, sys.argv)
     else:
         main()

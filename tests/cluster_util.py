@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+import traceback
+from typing import Any, Callable, Dict, List, Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
@@ -99,6 +100,19 @@ def start(
     log.close()
     _LIVE.append(proc)
     return proc
+
+
+def child_main(modes: Dict[str, Callable[[Dict[str, Any]], Any]], argv: List[str]) -> str:
+    """The main of a child that `start` ran: runs `modes[argv[1]]` on the JSON arguments
+    `argv[2]` and prints its result, or `{"error": <traceback>}`, as one JSON line (what
+    `result_of` reads). Returns the mode."""
+    mode, args = argv[1], json.loads(argv[2])
+    try:
+        result = modes[mode](args)
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    print(json.dumps(result), flush=True)
+    return mode
 
 
 def result_of(proc: subprocess.Popen, log_path: str, timeout: float) -> Any:

@@ -15,9 +15,10 @@ import json
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
+
+import cluster_util  # this folder (the script's own, first on sys.path)
 
 DIM = 3
 NUM_IDS = 40
@@ -603,13 +604,7 @@ MODES = {
 
 
 def main(argv):
-    mode, args = argv[1], json.loads(argv[2])
-    try:
-        result = MODES[mode](args)
-    except Exception:
-        result = {"error": traceback.format_exc()}
-    print(json.dumps(result), flush=True)
-    if mode == "failover":
+    if cluster_util.child_main(MODES, argv) == "failover":
         # Exit at once: tearing down a MultiWorkerMirroredStrategy whose collectives
         # were aborted (a failed worker) can crash in TF's destructors. (Elsewhere the
         # normal exit waits at TF's shutdown barrier for the others' last collectives.)
