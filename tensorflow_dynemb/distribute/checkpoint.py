@@ -160,7 +160,9 @@ def sliced_objects(paths: List[str], prefix: tf.Tensor) -> Dict[str, Tuple[int, 
     if value is None:
         return {}
     prefix = value.decode() if isinstance(value, bytes) else str(value)
-    dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+    # The reader itself, not tf.train.load_checkpoint: that takes a prefix its file
+    # system calls a directory (ram://, where any name prefix is one) for a folder.
+    dtypes = tf.compat.v1.train.NewCheckpointReader(prefix).get_variable_to_dtype_map()
     found: Dict[str, Dict[int, int]] = {}
     for key in dtypes:
         match = _SLICE_KEY.match(key)
