@@ -108,6 +108,20 @@ def test_saved_model_keeps_the_content_inside(tmp_path):
                                   [[3.0, -3.0], [7.0, -7.0]])
 
 
+def test_saved_model_weights_restore_into_variables_with_the_saver(tmp_path):
+    """TFRA's `test_keras_save_load_weights_file_system`: a SavedModel's variables (the
+    content inside them) restore as a checkpoint (Keras' `load_weights(saved_model_dir)`)
+    into variables with a FileSystemSaver, in any number of shards; no files needed."""
+    module = tf.Module()
+    module.emb = filled(file_saved(3))
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    weights = str(tmp_path / "sm" / "variables" / "variables")
+    for shards in (5, 2):
+        restored = filled(file_saved(shards), n=7, offset=1000)   # replaced, not merged
+        tf.train.Checkpoint(emb=restored).restore(weights).expect_partial()
+        assert content(restored) == content(module.emb)
+
+
 def test_saver_arguments_are_checked():
     with pytest.raises(TypeError, match="proc_size"):
         de.FileSystemSaver(proc_size=2)

@@ -183,6 +183,29 @@ def _split_file_savers(trackables: Dict[str, object]):
     return with_files, {n: o for n, o in trackables.items() if n not in names}
 
 
+def _split_by_recorded_content(with_files, merged_prefix):
+    """`(with_files, inline)`: of the objects with a `de.FileSystemSaver`, those whose
+    checkpoint records a save id (their content is in files), and, by name, those whose
+    checkpoint holds their content itself: a SavedModel's variables (SavedModels keep
+    the content inside them, saver or not), or a checkpoint written before the saver
+    was given. Known when the prefix is (eager restores, as Keras' `load_weights`); a
+    restore traced with a symbolic prefix expects files."""
+    prefix = tf.get_static_value(merged_prefix)
+    if prefix is None or not with_files:
+        return with_files, {}
+    # The reader itself, not tf.train.load_checkpoint: that takes a prefix its file
+    # system calls a directory (ram://, where any name prefix is one) for a folder.
+    reader = tf.compat.v1.train.NewCheckpointReader(os.fsdecode(prefix))
+    files, inline = [], {}
+    for name, obj in with_files:
+        key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
+        if reader.has_tensor(key):
+            files.append((name, obj))
+        else:
+            inline[name] = obj
+    return files, inline
+
+
 # What this saver's bundles are called beside a checkpoint `<prefix>`:
 # `<prefix>-tensorflow_dynemb.tables_stream<i>` and `..._export<i>` (`.index`,
 # `.data-*`). A completed save merges them into the checkpoint; a killed one leaves them.
@@ -307,6 +330,8 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
     tables it can (DynembRestoreTablesFromBundle); reads the other objects' whole
     tensors (TF assembles streamed slices) for their `_restore_from_tensors`."""
     with_files, trackables = _split_file_savers(trackables)
+    with_files, inline = _split_by_recorded_content(with_files, merged_prefix)
+    trackables.update(inline)
     # Checkpoints of model-parallel variables hold every worker's slice: read them all.
     paths = {_object_path(name): name for name in trackables}
     for path, (num, with_scores) in _slices.sliced_objects(list(paths), merged_prefix).items():
