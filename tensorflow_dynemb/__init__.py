@@ -44,6 +44,7 @@ from tensorflow_dynemb.policies import (
     TimestampRestrictPolicy,
 )
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
+from tensorflow_dynemb import distribute  # multi-worker settings (docs/scaling.md)
 from tensorflow_dynemb.serving import export_static_saved_model
 # TFRA's namespaces and remaining names (de.math, de.data_flow, de.shadow_ops, de.train).
 from tensorflow_dynemb import data_flow, math, ragged_embedding_ops, shadow_ops, train
@@ -84,6 +85,7 @@ __all__ = [
     "feature_keys",
     "split_feature_keys",
     "keras",
+    "distribute",
     "ModelMode",
     "enable_inference_mode",
     "enable_train_mode",
