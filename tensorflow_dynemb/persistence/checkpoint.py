@@ -189,7 +189,11 @@ def _split_by_recorded_content(with_files, merged_prefix):
     checkpoint holds their content itself: a SavedModel's variables (SavedModels keep
     the content inside them, saver or not), or a checkpoint written before the saver
     was given. Known when the prefix is (eager restores, as Keras' `load_weights`); a
-    restore traced with a symbolic prefix expects files."""
+    restore traced with a symbolic prefix expects files.
+
+    Raises:
+      ValueError: content held inside the checkpoint for a saver of several processes
+        (`proc_size` > 1): which process wrote it is not recorded."""
     prefix = tf.get_static_value(merged_prefix)
     if prefix is None or not with_files:
         return with_files, {}
@@ -201,8 +205,21 @@ def _split_by_recorded_content(with_files, merged_prefix):
         key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
         if reader.has_tensor(key):
             files.append((name, obj))
-        else:
-            inline[name] = obj
+            continue
+        config = _file_saver(obj).config
+        if config.proc_size > 1:
+            # The content inside is one process's part, which no key says: restored
+            # into another rank it would put that rank's keys in the wrong process.
+            raise ValueError(
+                f"{name!r}: the checkpoint {os.fsdecode(prefix)!r} holds the content of "
+                "this variable itself (a SavedModel's variables do), written by one of "
+                f"the {config.proc_size} processes of its de.FileSystemSaver(proc_size="
+                f"{config.proc_size}), which it does not record; restoring it into rank "
+                f"{config.proc_rank} could give it another rank's keys. Load each "
+                "rank's files with load_from_file_system(dirpath, proc_size=..., "
+                "proc_rank=...) instead, or restore from a tf.train.Checkpoint."
+            )
+        inline[name] = obj
     return files, inline
 
 
