@@ -44,6 +44,7 @@ from tensorflow_dynemb.policies import (
     TimestampRestrictPolicy,
 )
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
+from tensorflow_dynemb import distribute  # multi-worker settings (docs/scaling.md)
 from tensorflow_dynemb import serving
 from tensorflow_dynemb.serving import DeltaExporter, export_static_saved_model
 # TFRA's namespaces and remaining names (de.math, de.data_flow, de.shadow_ops, de.train).
@@ -87,6 +88,7 @@ __all__ = [
     "feature_keys",
     "split_feature_keys",
     "keras",
+    "distribute",
     "ModelMode",
     "enable_inference_mode",
     "enable_train_mode",

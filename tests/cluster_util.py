@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+import traceback
+from typing import Any, Callable, Dict, List, Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
@@ -79,19 +80,39 @@ def _env() -> Dict[str, str]:
     return env
 
 
-def start(mode: str, args: Dict[str, Any], log_path: str) -> subprocess.Popen:
-    """Starts `dist_worker.py mode '<json args>'` in its own process group."""
+def start(
+    mode: str,
+    args: Dict[str, Any],
+    log_path: str,
+    script: str = WORKER,
+    env: Optional[Dict[str, str]] = None,
+) -> subprocess.Popen:
+    """Starts `<script> mode '<json args>'` (default `dist_worker.py`) in its own process
+    group, with `env` added to the environment."""
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, WORKER, mode, json.dumps(args)],
+        [sys.executable, script, mode, json.dumps(args)],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=_env(),
+        env=dict(_env(), **(env or {})),
         start_new_session=True,
     )
     log.close()
     _LIVE.append(proc)
     return proc
+
+
+def child_main(modes: Dict[str, Callable[[Dict[str, Any]], Any]], argv: List[str]) -> str:
+    """The main of a child that `start` ran: runs `modes[argv[1]]` on the JSON arguments
+    `argv[2]` and prints its result, or `{"error": <traceback>}`, as one JSON line (what
+    `result_of` reads). Returns the mode."""
+    mode, args = argv[1], json.loads(argv[2])
+    try:
+        result = modes[mode](args)
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    print(json.dumps(result), flush=True)
+    return mode
 
 
 def result_of(proc: subprocess.Popen, log_path: str, timeout: float) -> Any:
@@ -105,20 +126,20 @@ def result_of(proc: subprocess.Popen, log_path: str, timeout: float) -> Any:
     finally:
         if proc in _LIVE and proc.poll() is not None:
             _LIVE.remove(proc)
-    out = _tail(log_path)
+    out = _tail(log_path, limit=None)  # the result line may be long
     lines = [l for l in out.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise AssertionError(f"{log_path}: exit code {proc.returncode}\n{out}")
+        raise AssertionError(f"{log_path}: exit code {proc.returncode}\n{out[-20000:]}")
     result = json.loads(lines[-1])
     if isinstance(result, dict) and "error" in result:
         raise AssertionError(f"{log_path}: failed:\n{result['error']}")
     return result
 
 
-def _tail(path: str, limit: int = 20000) -> str:
+def _tail(path: str, limit: Optional[int] = 20000) -> str:
     with open(path, "rb") as f:
         data = f.read()
-    return data[-limit:].decode("utf-8", "replace")
+    return (data if limit is None else data[-limit:]).decode("utf-8", "replace")
 
 
 class LocalCluster:

@@ -15,13 +15,13 @@ Prints one JSON object on the last line of stdout; an exception prints {"error":
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
+
+import cluster_util  # this folder (the script's own, first on sys.path)
 
 DIM = 4
 NUM_KEYS = 48
@@ -649,12 +649,7 @@ MODES = {"ps": ps, "server": server, "pss_custom_loop": pss_custom_loop, "pss_re
 
 
 def main(argv):
-    mode, args = argv[1], json.loads(argv[2])
-    try:
-        result = MODES[mode](args)
-    except Exception:
-        result = {"error": traceback.format_exc()}
-    print(json.dumps(result), flush=True)
+    cluster_util.child_main(MODES, argv)
 
 
 if __name__ == "__main__":

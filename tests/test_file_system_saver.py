@@ -122,6 +122,21 @@ def test_saved_model_weights_restore_into_variables_with_the_saver(tmp_path):
         assert content(restored) == content(module.emb)
 
 
+def test_saved_model_weights_of_one_process_are_refused_for_several(tmp_path):
+    """TFRA's `test_mpi_keras_save_load_weights_file_system`: with `proc_size` > 1 the
+    content a SavedModel holds is one process's part, which it does not record; restoring
+    it into another rank would mix parts, so it is refused and the variable unchanged."""
+    module = tf.Module()
+    module.emb = filled(file_saved(2, proc_size=2, proc_rank=0))
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    weights = str(tmp_path / "sm" / "variables" / "variables")
+    other_rank = filled(file_saved(2, proc_size=2, proc_rank=1), n=5, offset=500)
+    before = content(other_rank)
+    with pytest.raises(ValueError, match="proc_size=2.*rank 1.*load_from_file_system"):
+        tf.train.Checkpoint(emb=other_rank).restore(weights)
+    assert content(other_rank) == before
+
+
 def test_saver_arguments_are_checked():
     with pytest.raises(TypeError, match="proc_size"):
         de.FileSystemSaver(proc_size=2)

@@ -1,5 +1,9 @@
 """Keras callbacks for dynamic embeddings: periodic restriction and table statistics.
 
+Under MultiWorkerMirroredStrategy every worker runs the callbacks at the same steps:
+a model-parallel variable's restriction ranks every worker's keys together and its
+statistics are summed over the workers and written by the chief.
+
 Both find the model's `de.Variable`s by walking its trackable objects (layers,
 sub-models, attributes), so they work with any layer that holds a `de.Variable`, and
 skip optimizer slots (which are not trainable and follow their variable). They subclass
@@ -13,6 +17,7 @@ from typing import Dict, List, Optional, Union
 import tensorflow as tf
 
 from tensorflow_dynemb._convert import check_int
+from tensorflow_dynemb.distribute.collectives import gather_rows
 from tensorflow_dynemb.variable.variable import Variable
 
 __all__ = ["RestrictCallback", "TableStatsCallback", "variables_of"]
@@ -117,7 +122,10 @@ class TableStatsCallback(_EveryNSteps):
             self._writer = tf.summary.create_file_writer(f"{self.log_dir}/train")
         with self._writer.as_default():
             for var in variables_of(self.model):
-                for key, value in var.stats().items():
+                stats, chief = _whole_variable_stats(var)
+                if not chief:
+                    continue
+                for key, value in stats.items():
                     tag = f"dynamic_embedding/{var.name}/{key}"
                     value = tf.cast(value, tf.float32)
                     tf.summary.write(tag, value, step=self._steps, metadata=_SCALAR_METADATA)
@@ -127,3 +135,23 @@ class TableStatsCallback(_EveryNSteps):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _whole_variable_stats(var: Variable):
+    """`(stats, whether this process writes them)`: the variable's `stats()`, summed
+    over the workers for a model-parallel variable (every worker runs the callback at
+    the same step), which the chief alone writes; as they are otherwise."""
+    stats = var.stats()
+    group = var.worker_group
+    if group is None:
+        return stats, True
+    names = [key for key in stats if key != "load_factor"]
+    local = tf.stack([tf.cast(stats[key], tf.int64) for key in names])
+    total = tf.reduce_sum(
+        tf.reshape(gather_rows(group, local[tf.newaxis], name="table_stats"), [-1, len(names)]), 0
+    )
+    summed = dict(zip(names, tf.unstack(total)))
+    summed["load_factor"] = tf.math.divide_no_nan(
+        tf.cast(summed["size"], tf.float32), tf.cast(summed["capacity"], tf.float32)
+    )
+    return summed, group.rank == 0

@@ -35,6 +35,7 @@ from typing import Dict, List, NamedTuple, Optional
 import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
+from tensorflow_dynemb.distribute import checkpoint as _slices
 from tensorflow_dynemb.persistence import file_saver
 from tensorflow_dynemb.persistence import files as table_files
 
@@ -89,6 +90,9 @@ class CheckpointTables(NamedTuple):
     # Whether a restore may send each key to table `default_partition_fn(key,
     # len(tables))` (always true of one table).
     routes_by_default: bool = True
+    # Whether the tables are one worker's slice of a model-parallel variable, saved
+    # beside the chief's checkpoint by every worker (distribute/checkpoint.py).
+    sliced: bool = False
 
 
 # At most this many bundle files per device and save, and at least this many rows each.
@@ -96,7 +100,7 @@ _MAX_FILES = 4
 _MIN_ROWS_PER_FILE = 1 << 20
 
 
-def _writing_saved_model() -> bool:
+def writing_saved_model() -> bool:
     """Whether a SavedModel is being written: in its save context, or writing its
     variables, which `save_and_return_nodes` does after leaving that context."""
     if _export_context.in_saved_model_save():
@@ -128,7 +132,7 @@ def _streams(obj) -> bool:
     hook = getattr(obj, _TABLES_HOOK, None)
     if (hook is None or hook() is None) and _file_saver(obj) is None:
         return False
-    return not in_tf1_graph() and not _writing_saved_model()
+    return not in_tf1_graph() and not writing_saved_model()
 
 
 def _object_path(name: str) -> str:
@@ -185,7 +189,11 @@ def _split_by_recorded_content(with_files, merged_prefix):
     checkpoint holds their content itself: a SavedModel's variables (SavedModels keep
     the content inside them, saver or not), or a checkpoint written before the saver
     was given. Known when the prefix is (eager restores, as Keras' `load_weights`); a
-    restore traced with a symbolic prefix expects files."""
+    restore traced with a symbolic prefix expects files.
+
+    Raises:
+      ValueError: content held inside the checkpoint for a saver of several processes
+        (`proc_size` > 1): which process wrote it is not recorded."""
     prefix = tf.get_static_value(merged_prefix)
     if prefix is None or not with_files:
         return with_files, {}
@@ -197,15 +205,33 @@ def _split_by_recorded_content(with_files, merged_prefix):
         key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
         if reader.has_tensor(key):
             files.append((name, obj))
-        else:
-            inline[name] = obj
+            continue
+        config = _file_saver(obj).config
+        if config.proc_size > 1:
+            # The content inside is one process's part, which no key says: restored
+            # into another rank it would put that rank's keys in the wrong process.
+            raise ValueError(
+                f"{name!r}: the checkpoint {os.fsdecode(prefix)!r} holds the content of "
+                "this variable itself (a SavedModel's variables do), written by one of "
+                f"the {config.proc_size} processes of its de.FileSystemSaver(proc_size="
+                f"{config.proc_size}), which it does not record; restoring it into rank "
+                f"{config.proc_rank} could give it another rank's keys. Load each "
+                "rank's files with load_from_file_system(dirpath, proc_size=..., "
+                "proc_rank=...) instead, or restore from a tf.train.Checkpoint."
+            )
+        inline[name] = obj
     return files, inline
 
 
 # What this saver's bundles are called beside a checkpoint `<prefix>`:
 # `<prefix>-tensorflow_dynemb.tables_stream<i>` and `..._export<i>` (`.index`,
 # `.data-*`). A completed save merges them into the checkpoint; a killed one leaves them.
-_OWN_BUNDLE = re.compile(r"^(.*)-tensorflow_dynemb\.tables_(stream|export)\d+\.(index|data-\d{5}-of-\d{5})$")
+# Model-parallel variables' slices (distribute/checkpoint.py) are
+# `..._dynemb_slice<r>of<W>` (+ `_0_of_1` when streamed).
+_OWN_BUNDLE = re.compile(
+    r"^(.*)-tensorflow_dynemb\.tables_(stream\d+|export\d+|dynemb_slice\d+of\d+)(_\d+_of_\d+)?"
+    r"\.(index|data-\d{5}-of-\d{5})$"
+)
 
 
 def _delete_killed_saves(file_prefix) -> None:
@@ -260,11 +286,25 @@ def _save_streaming(trackables: Dict[str, object], file_prefix: tf.Tensor) -> Li
     bundles beside `file_prefix` and returns their prefixes, which TF merges into the
     checkpoint."""
     with_files, trackables = _split_file_savers(trackables)
+    for name, obj in with_files:
+        if getattr(obj, "worker_group", None) is not None:
+            raise NotImplementedError(
+                f"{name!r}: a model-parallel de.Variable (MultiWorkerMirroredStrategy) "
+                "cannot keep its checkpoint content in files through a "
+                "de.FileSystemSaver yet; checkpoint it without one (every worker's slice "
+                "then goes into the chief's checkpoint)."
+            )
+    sliced = []
+    for name in list(trackables):
+        spec = getattr(trackables[name], _TABLES_HOOK)()
+        if spec.sliced:
+            sliced.append((_object_path(name), trackables.pop(name), spec))
     streamed, exported = _split_by_device(trackables, restoring=False)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
 
     _delete_killed_saves(file_prefix)
-    prefixes = []
+    # Model-parallel variables: every worker's slice, merged by the chief.
+    prefixes = _slices.save_slices(sliced, file_prefix, _stream_device) if sliced else []
     for i, (device, entries) in enumerate(streamed):
         with tf.device(device):
             prefixes += ops.dynemb_save_tables_to_bundle(
@@ -309,6 +349,13 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
     with_files, trackables = _split_file_savers(trackables)
     with_files, inline = _split_by_recorded_content(with_files, merged_prefix)
     trackables.update(inline)
+    # Checkpoints of model-parallel variables hold every worker's slice: read them all.
+    paths = {_object_path(name): name for name in trackables}
+    for path, (num, with_scores) in _slices.sliced_objects(list(paths), merged_prefix).items():
+        obj = trackables.pop(paths[path])
+        tables = getattr(obj, _TABLES_HOOK)().tables
+        dtypes = (tables[0].key_dtype, tables[0].value_dtype)
+        _slices.restore_slices(obj, path, merged_prefix, num, with_scores, dtypes)
     streamed, whole = _split_by_device(trackables, restoring=True)
     from tensorflow_dynemb._ops import ops  # noqa: PLC0415 (the op library loads lazily)
 

@@ -14,7 +14,9 @@ The status is updated by `de.DynamicEmbeddingOptimizer` in the same call that wr
 the step's rows back, and is checkpointed with the variable. A restriction ranks every
 key of every shard together (a global top-k, not `num_reserved / shards` per shard) and
 removes the others from the variable, from every optimizer slot of the variable and
-from the status.
+from the status. A model-parallel variable (MultiWorkerMirroredStrategy) ranks every
+worker's keys together too: every worker must call `restrict` (as `RestrictCallback`
+does), and ties are broken by key.
 
 Admission policies are in admit.py.
 """
@@ -26,6 +28,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tensorflow_dynemb._convert import check_int
+from tensorflow_dynemb.distribute import model_parallel
 
 __all__ = [
     "RestrictPolicy",
@@ -114,6 +117,9 @@ class RestrictPolicy(tf.Module):
             )
         with tf.name_scope(name or f"{self._var._unique_name}_restrict"):
             size = self._var.size()
+            group = self._var.worker_group
+            if group is not None:  # a model-parallel variable: every worker's keys count
+                size = model_parallel.total_over_workers(group, size, name="restrict_size")
             if tf.executing_eagerly():
                 if int(size) > trigger:
                     self._restrict(num_reserved)
@@ -134,12 +140,19 @@ class RestrictPolicy(tf.Module):
         rank, exists = self._status.lookup(keys, return_exists=True)
         # Keys without a status rank below every key with one.
         rank = tf.where(exists, rank[:, 0], tf.int64.min)
-        count = tf.minimum(tf.size(keys), num_reserved)
-        _, keep = tf.math.top_k(rank, k=count, sorted=False)
-        dropped = tf.ones(tf.shape(keys), tf.bool)
-        dropped = tf.tensor_scatter_nd_update(
-            dropped, keep[:, tf.newaxis], tf.zeros(tf.shape(keep), tf.bool)
-        )
+        group = self._var.worker_group
+        if group is not None:
+            # A model-parallel variable: the top num_reserved of every worker's keys
+            # (each worker holds other keys), ties broken by key.
+            keep = model_parallel.global_top_k(group, keys, rank, num_reserved, "restrict")
+            dropped = tf.logical_not(keep)
+        else:
+            count = tf.minimum(tf.size(keys), num_reserved)
+            _, keep = tf.math.top_k(rank, k=count, sorted=False)
+            dropped = tf.ones(tf.shape(keys), tf.bool)
+            dropped = tf.tensor_scatter_nd_update(
+                dropped, keep[:, tf.newaxis], tf.zeros(tf.shape(keep), tf.bool)
+            )
         removed = self._var.remove_everywhere(tf.boolean_mask(keys, dropped))
         # Then the status of every key no longer in the variable: the dropped ones and
         # any removed by other means. (TF1 graphs order nothing by themselves.)

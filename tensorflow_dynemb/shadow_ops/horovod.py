@@ -15,7 +15,8 @@ class HvdVariable:
         del args, kwargs
         raise NotImplementedError(
             "de.shadow_ops.HvdVariable (Horovod all-to-all lookups) is not provided by "
-            "tensorflow_dynemb. To train on several workers, use de.Variable and "
-            "de.keras.layers with the tf.distribute strategies and TF1 clusters of "
-            "tensorflow_dynemb's docs/scaling.md."
+            "tensorflow_dynemb. Under tf.distribute.MultiWorkerMirroredStrategy, a "
+            "de.Variable made without `devices` (and de.keras.layers) exchanges ids and "
+            "rows by all-to-all over TensorFlow's collectives; see docs/scaling.md for "
+            "that and the other strategies."
         )

@@ -17,5 +17,7 @@ class DEHvdSaver:
             "de.train.DEHvdSaver (a tf.compat.v1.train.Saver that splits table files "
             "between Horovod ranks) is not provided by tensorflow_dynemb, which does not "
             "use Horovod. tf.compat.v1.train.Saver and tf.train.Checkpoint save "
-            "de.Variables as they are, and restore them into any number of shards."
+            "de.Variables as they are, and restore them into any number of shards; under "
+            "MultiWorkerMirroredStrategy tf.train.Checkpoint saves every worker's slice "
+            "(docs/scaling.md)."
         )

@@ -13,6 +13,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
+from tensorflow_dynemb.distribute.cluster import current_group
+from tensorflow_dynemb.distribute.collectives import gather_rows
 from tensorflow_dynemb.variable import step_ops
 from tensorflow_dynemb.training.accumulation import GradientAccumulation
 from tensorflow_dynemb.training.rules import FusedStep, SparseRule, get_rule
@@ -128,6 +130,15 @@ class SparseApplier:
     def summed(parts: List[Tuple[TrainableRows, Any]]) -> SparseGradient:
         """One gradient row per distinct key from every lookup of one de.Variable."""
         rows, grad = parts[0]
+        if getattr(rows, "sums_per_row", False):
+            # Model-parallel views (distribute/model_parallel.py): the gradient has one
+            # row per (sender, id), the counts come from the view; several lookups of
+            # the step (or several views of the variable) may repeat an id.
+            summed = [view.consume_distinct(g) for view, g in parts]
+            if len(summed) == 1 and rows.holds_one_lookup():
+                return SparseGradient(rows.params, *summed[0])
+            fields = [tf.concat([s[i] for s in summed], 0) for i in range(5)]
+            return _sum_by_key(rows.params, *fields)
         if len(parts) == 1 and isinstance(grad, tf.IndexedSlices) and rows.holds_one_lookup():
             # The common case (one lookup of the variable in the step): the buffer's
             # ids are already distinct and in first-occurrence order, which is the
@@ -148,18 +159,39 @@ class SparseApplier:
         per key over the replicas (duplicated ids across replicas add up, like a dense
         variable's all-reduced gradient), and applied once. Elsewhere (no strategy, a
         single replica, or a ParameterServerStrategy worker, which updates the tables
-        on its own): `apply`."""
+        on its own): `apply`.
+
+        Under a MultiWorkerMirroredStrategy of several workers, model-parallel variables
+        are applied locally (see below), and any other variable (made with `devices`:
+        a full copy on every worker) also gathers the other workers' gradients, so that
+        every worker applies the same update to its copy and the copies stay equal."""
         context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
         if context is None or context.num_replicas_in_sync == 1 or not sparse:
             return self.apply(sparse, step)
+        # Model-parallel variables (MultiWorkerMirroredStrategy): each worker's gradient
+        # already sums every worker's contribution to the ids it owns (the exchange's
+        # gradient, distribute/model_parallel.py); each owner applies it to its own
+        # slice, with no merge.
+        local = [update for update in sparse if update.params.worker_group is not None]
+        sparse = [update for update in sparse if update.params.worker_group is None]
+        writes = self.apply(local, step) if local else []
+        if not sparse:
+            return writes
         params = [update.params for update in sparse]
         tensors = [tuple(update)[1:] for update in sparse]
 
         def merge(strategy, tensors, step):
+            workers = current_group()  # None unless several MultiWorkerMirrored workers
+
+            def every_replica(value, name):
+                local = tf.concat(strategy.experimental_local_results(value), 0)
+                return local if workers is None else gather_rows(workers, local, name)
+
             merged = []
             for variable, fields in zip(params, tensors):
                 keys, old_rows, exists, grads, counts = (
-                    tf.concat(strategy.experimental_local_results(f), 0) for f in fields
+                    every_replica(f, f"{variable._unique_name}_replicated_{i}")
+                    for i, f in enumerate(fields)
                 )
                 merged.append(_sum_by_key(variable, keys, old_rows, exists, grads, counts))
             # The step numbers are the same in every replica.
@@ -167,7 +199,7 @@ class SparseApplier:
             self.apply(merged, StepNumbers(*first))
 
         context.merge_call(merge, args=(tensors, step))
-        return []
+        return writes
 
     def apply(self, sparse: List[SparseGradient], step: StepNumbers) -> List[Any]:
         """Updates the rows and slots of every `SparseGradient` (under gradient

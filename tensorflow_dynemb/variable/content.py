@@ -15,11 +15,13 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
+from tensorflow_dynemb.distribute import checkpoint as _slices
 from tensorflow_dynemb.persistence.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
     CKPT_VALUES,
     CheckpointTables,
+    Untracked,
 )
 from tensorflow_dynemb.persistence import file_saver, files, identity
 from tensorflow_dynemb.variable import files as variable_files
@@ -269,6 +271,9 @@ class VariableContent:
         mapped = copy.copy(self)
         # Set without tracking: the copy shares this variable's dependency records.
         mapped.__dict__["_tables"] = [object_map[table] for table in self._tables]
+        # The copy's tables hold the whole content (gathered while saving): it is no
+        # slice of a multi-worker variable.
+        mapped.__dict__["_distribution"] = Untracked(group=None)
         object_map[self] = mapped
         return []
 
@@ -279,22 +284,38 @@ class VariableContent:
         itself (by `default_partition_fn`); None with `checkpoint=False`."""
         if not self._checkpoint:
             return None
+        sliced = self.worker_group is not None
         return CheckpointTables(
             list(self._tables),
             with_scores=self._checkpoint_scores,
-            routes_by_default=self.shard_num == 1 or self._partition_fn is default_partition_fn,
+            # A model-parallel variable keeps only its keys of a whole content, which
+            # the streaming restore op cannot filter (see `_owned`).
+            routes_by_default=not sliced
+            and (self.shard_num == 1 or self._partition_fn is default_partition_fn),
+            sliced=sliced,
         )
+
+    def _local_content(self, with_scores: bool) -> Tuple[tf.Tensor, ...]:
+        """`(keys, values[, scores])` of this process's tables (a model-parallel
+        variable's slice), exported on the CPU."""
+        name = f"{self._unique_name}_checkpoint_export"
+        with tf.device("/CPU:0"):
+            if with_scores:
+                return self.export_with_scores(name=name)
+            return self.export(name=name)
 
     def _serialize_to_tensors(self) -> Dict[str, tf.Tensor]:
         if not self._checkpoint:
             return {}
-        name = f"{self._unique_name}_checkpoint_export"
-        with tf.device("/CPU:0"):
-            if not self._checkpoint_scores:
-                keys, values = self.export(name=name)
-                return {CKPT_KEYS: keys, CKPT_VALUES: values}
-            keys, values, scores = self.export_with_scores(name=name)
-        return {CKPT_KEYS: keys, CKPT_VALUES: values, CKPT_SCORES: scores}
+        if self.worker_group is not None and tf.executing_eagerly():
+            # A Keras weight file or a SavedModel's variables being written on every
+            # worker: the whole content, gathered (tf.train.Checkpoint saves slices
+            # instead). Traced (the save function a SavedModel keeps for its loaded
+            # objects, which are single-process): the slice, with no collective.
+            content = _slices.gather_content(self, self._checkpoint_scores)
+        else:
+            content = self._local_content(self._checkpoint_scores)
+        return dict(zip([CKPT_KEYS, CKPT_VALUES, CKPT_SCORES], content))
 
     def _restore_from_tensors(self, restored_tensors: Dict[str, tf.Tensor]):
         if not restored_tensors:
@@ -313,10 +334,11 @@ class VariableContent:
             check = tf.debugging.assert_equal(tf.shape(values)[-1], self._dim, message=message)
             with tf.control_dependencies([check]):
                 values = tf.identity(values)
+        # A model-parallel variable keeps its own slice of the content (`_owned`).
         if scores is None:
-            shards = [(k, v, None) for k, v in self._route(keys, values)[0]]
+            shards = [(k, v, None) for k, v in self._route(*self._owned(keys, values))[0]]
         else:
-            shards, _ = self._route(keys, values, scores)
+            shards, _ = self._route(*self._owned(keys, values, scores))
         return self._group(
             [
                 table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore")

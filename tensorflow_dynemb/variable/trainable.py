@@ -195,23 +195,26 @@ class TrainableRows:
         rows, exists = self.params.lookup(unique_ids, return_exists=True)
         if self.records:
             return self._read_recorded(unique_ids, exists, rows, index)
+        return self._buffered_read(
+            index, [(self.ids, unique_ids), (self.exists, exists), (self.variable, rows)]
+        )
+
+    def _buffered_read(self, index: tf.Tensor, contents) -> tf.Tensor:
+        """Writes `contents` (`(buffer, tensor)` pairs, the rows buffer `variable` among
+        them) into the buffers, appending or overwriting (see the module docstring), and
+        returns `variable.sparse_read(index)` (`index` shifted past earlier lookups)."""
         if self._appends():
             # In a TF1 graph, after the previous lookup's writes (nothing else orders
             # them, and the buffers may not be initialised before the first write).
             with tf.control_dependencies(_ops_of(self._previous_writes)):
                 offset = tf.shape(self.ids.read_value(), out_type=index.dtype)[0]
                 writes = [
-                    self.ids.assign(tf.concat([self.ids.read_value(), unique_ids], 0)),
-                    self.exists.assign(tf.concat([self.exists.read_value(), exists], 0)),
-                    self.variable.assign(tf.concat([self._read_rows(), rows], 0)),
+                    buffer.assign(tf.concat([self._read_buffer(buffer), tensor], 0))
+                    for buffer, tensor in contents
                 ]
             index = index + offset
         else:
-            writes = [
-                self.ids.assign(unique_ids),
-                self.exists.assign(exists),
-                self.variable.assign(rows),
-            ]
+            writes = [buffer.assign(tensor) for buffer, tensor in contents]
         with tf.control_dependencies(_ops_of(writes)):
             # The gradient's indices are this tensor: `consume` then reads the buffers
             # after these writes also when the gradient's values do not depend on the
@@ -225,6 +228,9 @@ class TrainableRows:
                 # read, which follows the writes.
                 return tf.gather(self._read_rows(), index)
             return self.variable.sparse_read(index)
+
+    def _read_buffer(self, buffer) -> tf.Tensor:
+        return self._read_rows() if buffer is self.variable else buffer.read_value()
 
     def _read_recorded(self, unique_ids, exists, rows, index) -> tf.Tensor:
         """Record mode: `rows[index]`, whose gradient with respect to the token indexes

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow_dynemb._convert import DTypeLike, TensorLike
 from tensorflow_dynemb.persistence.checkpoint import in_tf1_graph
 from tensorflow_dynemb.variable.sharding import HashTableCreator, _is_gpu
+from tensorflow_dynemb.distribute.model_parallel import ModelParallelRows
 from tensorflow_dynemb.variable.trainable import TrainableRows, replica_key
 
 
@@ -87,6 +88,9 @@ class TrainingState:
             kv_creator=kv_creator,
         )
         companion._checkpoint_scores = bool(checkpoint_scores)
+        # A model-parallel variable's companions hold the same slice: a key's slots
+        # live with its row on its owner.
+        companion._distribution.group = self.worker_group
         return companion
 
     @property
@@ -121,7 +125,9 @@ class TrainingState:
         key = _view_key(name, replica)
         rows = self._trainables.get(key)
         if rows is None:
-            rows = TrainableRows(self, name, replica=replica, ids=ids)
+            # A model-parallel variable's view holds the rows this worker owns.
+            view_class = TrainableRows if self.worker_group is None else ModelParallelRows
+            rows = view_class(self, name, replica=replica, ids=ids)
             self._trainables[key] = rows
         return rows
 

@@ -10,6 +10,14 @@ Checkpoints hold the variable's content, not its shards: `_serialize_to_tensors`
 concatenates every shard and `_restore_from_tensors` routes the keys with the restoring
 variable's own partitioner. So a checkpoint restores into any number of shards.
 
+Under `tf.distribute.MultiWorkerMirroredStrategy` with several workers, a variable made
+in the strategy's scope without `devices` is model-parallel (`worker_group`): worker
+`i`'s one local table holds the ids the partitioner assigns to shard `i` of
+`num_workers`, and lookups inside `strategy.run` are exchanges with the owners
+(distribute/model_parallel.py). Outside `strategy.run` its methods act on this worker's
+slice: writes keep the keys this worker owns (so every worker may run the same one),
+reads see its own keys only.
+
 The class is split by concern: this module has creation, routing and the per-key
 methods; `VariableContent` (content.py) the whole content (export, files,
 checkpoints); `TrainingState` (training_state.py) the trainable views and the
@@ -36,9 +44,16 @@ from tensorflow_dynemb._convert import (
     flat_keyed,
     flat_rows,
 )
-from tensorflow_dynemb.persistence.checkpoint import Untracked, in_tf1_graph, register_for_tf1_saver
+from tensorflow_dynemb.persistence.checkpoint import (
+    Untracked,
+    in_tf1_graph,
+    register_for_tf1_saver,
+    writing_saved_model,
+)
 from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb import _export_context
+from tensorflow_dynemb.distribute import cluster as _cluster
+from tensorflow_dynemb.distribute import model_parallel as _model_parallel
 from tensorflow_dynemb.variable.content import VariableContent
 from tensorflow_dynemb.variable.initializers import make_row_initializer
 from tensorflow_dynemb.variable.sharding import (
@@ -125,7 +140,9 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
           value_dtype: the value dtype (default `tf.float32`).
           dim: elements per row (>= 1).
           devices: one shard per device (default `["/CPU:0"]`); remote devices such as
-            `/job:ps/task:1/CPU:0` work too. GPU devices hold int32 / int64 keyed shards
+            `/job:ps/task:1/CPU:0` work too. Left None in the scope of a
+            `MultiWorkerMirroredStrategy` with several workers: model-parallel, one
+            slice per worker, on the worker's device (see the module docstring). GPU devices hold int32 / int64 keyed shards
             when the op library has its GPU kernels (docs/gpu.md); string-keyed shards
             asked for on a GPU go to that machine's CPU, and a shard asked for on a
             local device this process does not have (`/CPU:1` in a default process)
@@ -159,7 +176,8 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         self._key_dtype = as_dtype(key_dtype, "key_dtype", KEY_DTYPES)
         self._value_dtype = as_dtype(value_dtype, "value_dtype", VALUE_DTYPES)
         self._dim = check_int(dim, "dim", 1)
-        devices = _check_devices(devices)
+        group = _cluster.current_group() if devices is None else None
+        devices = _check_devices([group.device] if group is not None else devices)
         if not callable(partitioner):
             raise TypeError(f"`partitioner` must be callable, got {partitioner!r}.")
         if not isinstance(name, str) or not name:
@@ -190,6 +208,9 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         super().__init__(name=_module_name(name))
         self._unique_name = unique_name
         self._var_name = name
+        # Model-parallel placement (distribute/cluster.py), held untracked: the group
+        # holds the strategy, which is no part of the variable's state.
+        self._distribution = Untracked(group=group)
         self._partition_fn = partitioner
         self._trainable = bool(trainable)
         self._checkpoint = bool(checkpoint)
@@ -308,6 +329,12 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         return None if self._admit is None else self._admit.policy
 
     @property
+    def worker_group(self):
+        """The `WorkerGroup` (`num_workers`, `rank`, `device`) of a model-parallel
+        variable, or None (see the module docstring)."""
+        return self._distribution.group
+
+    @property
     def bounded(self) -> bool:
         """Whether the shard tables evict (`de.HkvHashTableCreator`)."""
         return any(hasattr(table, "max_capacity") for table in self._tables)
@@ -372,6 +399,8 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
             stand_in = _export_context.frozen(self)
             if stand_in is not None:  # a static export: stock ops in place of the shards
                 values, exists = stand_in.find(flat)
+            elif self._exchanges():
+                values, exists = _model_parallel.exchange_find(self, flat)
             else:
                 values, exists = self._find(flat)
             out_shape = tf.concat([tf.shape(keys), [self._dim]], 0)
@@ -382,6 +411,23 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
             exists = tf.reshape(exists, tf.shape(keys))
             exists.set_shape(keys.shape)
             return values, exists
+
+    def _exchanges(self) -> bool:
+        """Whether lookups built now ask the owners: a model-parallel variable inside
+        `strategy.run` of its strategy (every worker runs the same step)."""
+        group = self.worker_group
+        return group is not None and _cluster.in_replica_context_of(group)
+
+    def _owned(self, flat_keys: tf.Tensor, *tensors: tf.Tensor):
+        """`(flat_keys, *tensors)` restricted to the keys this worker owns, for a
+        model-parallel variable (the others belong in other workers' slices); as they
+        are otherwise. Not while a SavedModel is written: the restore function it
+        traces serves loaded, single-process copies, which hold every key."""
+        if self.worker_group is None or writing_saved_model():
+            return (flat_keys, *tensors)
+        _model_parallel._check_keys(self)
+        mine = tf.equal(_model_parallel.destinations(self, flat_keys), self.worker_group.rank)
+        return tuple(tf.boolean_mask(t, mine) for t in (flat_keys, *tensors))
 
     def _find(self, flat: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
         """`([n, dim] rows, [n] exists)` of the 1-D keys `flat`, missing keys reading
@@ -413,7 +459,7 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         with tf.name_scope(name or f"{self._unique_name}_upsert"):
             keys = convert(keys, self._key_dtype, "keys")
             rows = self._flat_rows(keys, values, "values")
-            shards, _ = self._route(tf.reshape(keys, [-1]), rows)
+            shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), rows))
             return self._group(
                 [table.insert(k, v) for table, (k, v) in zip(self._tables, shards)]
             )
@@ -479,7 +525,7 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
             deltas = new  # bool "+=" is a logical or
         else:
             deltas = tf.where(flat_exists[:, tf.newaxis], new - old, new)
-        shards, _ = self._route(tf.reshape(keys, [-1]), deltas, flat_exists)
+        shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), deltas, flat_exists))
         return shards
 
     def remove(self, keys: TensorLike, name: Optional[str] = None):
@@ -503,7 +549,7 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         with tf.name_scope(name or f"{self._unique_name}_insert_and_evict"):
             keys = convert(keys, self._key_dtype, "keys")
             rows = self._flat_rows(keys, values, "values")
-            shards, _ = self._route(tf.reshape(keys, [-1]), rows)
+            shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), rows))
             return self._concat_shards(
                 [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
             )
@@ -607,6 +653,12 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
     def __repr__(self) -> str:
         return (
             f"<de.Variable name={self.name!r} key_dtype={self._key_dtype.name} "
-            f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}>"
+            f"value_dtype={self._value_dtype.name} dim={self._dim} shards={self.shard_num}"
+            + (
+                ""
+                if self.worker_group is None
+                else f" slice={self.worker_group.rank}/{self.worker_group.num_workers}"
+            )
+            + ">"
         )
 
