@@ -17,6 +17,9 @@ in the key's high bits.
 Implementations (one fresh child process each, alternated `--rounds` times so that
 both see the same load):
 - `ours`: `tensorflow_dynemb.keras.layers.Embedding` + `de.DynamicEmbeddingOptimizer`.
+- `ours-untracked`: `ours` with `de.HashTableCreator(track_changes=False)` tables:
+  `--impls ours,ours-untracked` measures what change tracking (online learning's
+  deltas, docs/online_learning.md) costs the training step.
 - `tfra`: `tensorflow_recommenders_addons.dynamic_embedding.keras.layers.Embedding` +
   TFRA's `DynamicEmbeddingOptimizer` (needs TF 2.16 and `TF_USE_LEGACY_KERAS=1`; the
   script sets it for every child when TFRA is importable, so ours runs under tf_keras
@@ -87,10 +90,15 @@ def make_batches(steps, seed=0, layout="per-feature"):
 def build_model(impl, layout):
     import tensorflow as tf
 
-    if impl == "ours":
+    if impl in ("ours", "ours-untracked"):
+        import functools
+
         import tensorflow_dynemb as de
 
         layer_cls = de.keras.layers.Embedding
+        if impl == "ours-untracked":  # tables without change tracking (online learning)
+            layer_cls = functools.partial(
+                layer_cls, kv_creator=de.HashTableCreator(track_changes=False))
         wrap = de.DynamicEmbeddingOptimizer
     else:
         import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
@@ -178,7 +186,10 @@ def run_child(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impls", default=None, help="comma list of ours,tfra (default: ours, and tfra if installed)")
+    p.add_argument("--impls", default=None,
+                   help="comma list of ours,tfra,ours-untracked (default: ours, and tfra if "
+                        "installed); ours-untracked: tables made with track_changes=False, "
+                        "to measure what change tracking costs (docs/online_learning.md)")
     p.add_argument("--layout", default="per-feature", choices=["per-feature", "shared"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=20)
@@ -235,26 +246,39 @@ def main():
         rates = sorted(r["examples_per_s"] for r in runs if r["impl"] == impl and "error" not in r)
         if rates:
             summary[impl] = {"examples_per_s": rates, "median": median(rates)}
-    ratios = []
-    if "ours" in impls and "tfra" in impls:
+    def per_round(a, b):
+        """Sorted per-round ratios of a's examples/s over b's (rounds where both ran)."""
+        ratios = []
         for r in range(args.rounds):
             got = {x["impl"]: x for x in runs if x.get("round") == r and "error" not in x}
-            if "ours" in got and "tfra" in got:
-                ratios.append(got["ours"]["examples_per_s"] / got["tfra"]["examples_per_s"])
-        ratios.sort()
-        summary["ratio_ours_over_tfra"] = ratios
+            if a in got and b in got:
+                ratios.append(got[a]["examples_per_s"] / got[b]["examples_per_s"])
+        return sorted(ratios)
+
+    comparisons = [  # (a, b, summary keys, label, target, digits)
+        ("ours", "tfra", ("ratio_ours_over_tfra", "ratio_median"), "ours / TFRA", 3.0, 2),
+        ("ours", "ours-untracked", ("ratio_tracked_over_untracked", "tracked_ratio_median"),
+         "change tracking on / off", 0.95, 3),
+    ]
+    for a, b, (key, median_key), label, target, digits in comparisons:
+        if a not in impls or b not in impls:
+            continue
+        ratios = per_round(a, b)
+        summary[key] = ratios
         if ratios:
             med = median(ratios)
-            summary["ratio_median"] = med
-            verdict = "PASS" if med >= 3.0 else "FAIL"
-            print(f"ours / TFRA per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
-                  f"median {med:.2f} (target >= 3): {verdict}")
+            summary[median_key] = med
+            print(f"{label} per round: {', '.join(f'{x:.{digits}f}' for x in ratios)}; "
+                  f"median {med:.{digits}f} (target >= {target:g}): "
+                  f"{'PASS' if med >= target else 'FAIL'}")
     for impl, s in summary.items():
         if isinstance(s, dict):
             print(f"{impl}: examples/s {', '.join(f'{x:.0f}' for x in s['examples_per_s'])}; median {s['median']:.0f}")
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results",
-        f"keras_train_tf{tf.__version__}_{args.layout}{'_steady' if args.steady else ''}.json")
+        # The change-tracking comparison apart: report.py reads keras_train_*.json.
+        f"{'change_tracking' if 'ours-untracked' in impls else 'keras_train'}_tf{tf.__version__}"
+        f"_{args.layout}{'_steady' if args.steady else ''}.json")
     write_record(
         out,
         "keras_train",

@@ -45,7 +45,8 @@ from tensorflow_dynemb.policies import (
 )
 from tensorflow_dynemb import keras  # registers the layers and optimizer with Keras
 from tensorflow_dynemb import distribute  # multi-worker settings (docs/scaling.md)
-from tensorflow_dynemb.serving import export_static_saved_model
+from tensorflow_dynemb import serving
+from tensorflow_dynemb.serving import DeltaExporter, export_static_saved_model
 # TFRA's namespaces and remaining names (de.math, de.data_flow, de.shadow_ops, de.train).
 from tensorflow_dynemb import data_flow, math, ragged_embedding_ops, shadow_ops, train
 from tensorflow_dynemb.shadow_ops import DEResourceVariable, trainable_wrapper_filter
@@ -74,6 +75,8 @@ __all__ = [
     "default_partition_fn",
     "get_variable",
     "export_static_saved_model",
+    "DeltaExporter",
+    "serving",
     "HashTable",
     "HkvEvictStrategy",
     "HkvHashTable",

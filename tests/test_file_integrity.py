@@ -305,9 +305,9 @@ def test_an_incomplete_version_1_set_is_refused(tmp_path):
 
 def test_a_newer_format_is_refused_naming_its_version(tmp_path):
     write_v1(tmp_path / "t.dynemb", tf.int64, tf.float32, 3, [[(1, 0, [1.0, 2.0, 3.0])]],
-             version=3)
+             version=4)
     table = de.HashTable(tf.int64, tf.float32, [0.0, 0.0, 0.0])
-    with pytest.raises(tf.errors.FailedPreconditionError, match="version 3 is not supported"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="version 4 is not supported"):
         table.load_from_file_system(str(tmp_path), "t.dynemb")
     saved_variable(tmp_path)
     manifest = tmp_path / "emb.dynemb-manifest"

@@ -585,7 +585,7 @@ class PyTable {
   PyTable(const std::string& key_dtype, const std::string& value_dtype, int64_t dim,
           int64_t init_capacity, int64_t max_capacity, const std::string& strategy,
           bool find_updates_scores, int64_t step_per_epoch, int num_threads,
-          int64_t max_hbm_for_values) {
+          int64_t max_hbm_for_values, bool track_changes) {
     TableOptions options;
     if (!ParseKeyType(key_dtype, &options.key_type)) {
       throw py::value_error("key_dtype: expected one of 'int32', 'int64', 'string', got '" +
@@ -611,6 +611,7 @@ class PyTable {
     options.find_updates_scores = find_updates_scores;
     options.step_per_epoch = step_per_epoch;
     options.max_hbm_for_values = max_hbm_for_values;
+    options.track_changes = track_changes;
     Status status;
     {
       py::gil_scoped_release release;
@@ -774,6 +775,83 @@ class PyTable {
     ThrowIfError(status);
   }
 
+  // (epoch, stamp): Table::Mark.
+  py::tuple Mark() {
+    ChangeMark mark;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = table_->Mark(&mark);
+    }
+    ThrowIfError(status);
+    return py::make_tuple(mark.epoch, mark.stamp);
+  }
+
+  // (complete, keys, values, removed keys) of the window [since, until)
+  // (Table::ExportChanges), each part in the order the core gave it.
+  py::tuple ExportChanges(const py::tuple& since, const py::tuple& until, int64_t chunk_rows) {
+    CheckChunkRows(chunk_rows);
+    const ChangeMark from{since[0].cast<uint64_t>(), since[1].cast<uint64_t>()};
+    const ChangeMark to{until[0].cast<uint64_t>(), until[1].cast<uint64_t>()};
+    const bool strings = options().key_type == KeyType::kString;
+    const size_t key_bytes = strings ? 0 : (options().key_type == KeyType::kInt32 ? 4 : 8);
+    const size_t value_bytes = options().value_bytes();
+    std::vector<char> keys, values, removed;
+    std::vector<std::string> string_keys, string_removed;
+    const auto take_keys = [&](const void* k, int64_t n, std::vector<char>* bytes,
+                               std::vector<std::string>* names) {
+      if (strings) {
+        const auto* views = static_cast<const std::string_view*>(k);
+        for (int64_t i = 0; i < n; ++i) names->emplace_back(views[i]);
+      } else {
+        const char* p = static_cast<const char*>(k);
+        bytes->insert(bytes->end(), p, p + n * key_bytes);
+      }
+    };
+    bool complete = false;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = table_->ExportChanges(
+          from, to, chunk_rows,
+          [&](const void* k, int64_t n, const void* v, const uint64_t*) {
+            take_keys(k, n, &keys, &string_keys);
+            const char* p = static_cast<const char*>(v);
+            values.insert(values.end(), p, p + n * value_bytes);
+            return Status::Ok();
+          },
+          [&](const void* k, int64_t n) {
+            take_keys(k, n, &removed, &string_removed);
+            return Status::Ok();
+          },
+          &complete);
+    }
+    ThrowIfError(status);
+    const auto rows_of = [&](const std::vector<char>& bytes, const std::vector<std::string>& names) {
+      return static_cast<int64_t>(strings ? names.size() : bytes.size() / key_bytes);
+    };
+    BufferExportSink rows(options()), gone(options());
+    void* key_ptr;
+    void* value_ptr;
+    uint64_t* score_ptr;
+    const int64_t n = rows_of(keys, string_keys);
+    ThrowIfError(rows.Allocate(n, &key_ptr, &value_ptr, &score_ptr));
+    if (!strings) std::memcpy(key_ptr, keys.data(), keys.size());
+    std::memcpy(value_ptr, values.data(), values.size());
+    for (int64_t i = 0; i < static_cast<int64_t>(string_keys.size()); ++i) {
+      rows.SetStringKey(i, string_keys[i]);
+    }
+    const int64_t m = rows_of(removed, string_removed);
+    ThrowIfError(gone.Allocate(m, &key_ptr, &value_ptr, &score_ptr));
+    if (!strings) std::memcpy(key_ptr, removed.data(), removed.size());
+    for (int64_t i = 0; i < static_cast<int64_t>(string_removed.size()); ++i) {
+      gone.SetStringKey(i, string_removed[i]);
+    }
+    const py::tuple r = rows.Result();
+    const py::tuple g = gone.Result();
+    return py::make_tuple(complete, r[0], r[1], g[0]);
+  }
+
   int num_threads() const { return num_threads_; }
   Table& table() { return *table_; }
 
@@ -883,17 +961,18 @@ Args:
   num_threads: threads a batch is split over (1: the calling thread only).
   max_hbm_for_values: GPU tables: bytes of device memory for values, the
     rest in pinned host memory (-1: no limit). CPU tables ignore it.
+  track_changes: keep write stamps and tombstones (mark, export_changes).
 
 Every method releases the GIL while the core runs; the table is thread-safe.
 )doc");
   table_class
       .def(py::init<const std::string&, const std::string&, int64_t, int64_t, int64_t,
-                    const std::string&, bool, int64_t, int, int64_t>(),
+                    const std::string&, bool, int64_t, int, int64_t, bool>(),
            py::arg("key_dtype"), py::arg("value_dtype"), py::arg("dim"),
            py::arg("init_capacity") = 0, py::arg("max_capacity") = 0,
            py::arg("strategy") = "lru", py::arg("find_updates_scores") = false,
            py::arg("step_per_epoch") = 0, py::arg("num_threads") = 1,
-           py::arg("max_hbm_for_values") = -1)
+           py::arg("max_hbm_for_values") = -1, py::arg("track_changes") = true)
       .def("insert", &PyTable::Insert, py::arg("keys"), py::arg("values"),
            py::arg("scores") = py::none(),
            "Upserts rows: values has shape keys.shape + (dim,) or (n, dim); scores "
@@ -919,6 +998,13 @@ Every method releases the GIL while the core runs; the table is thread-safe.
            "with its delta.")
       .def("remove", &PyTable::Remove, py::arg("keys"), "Removes keys; absent keys are ignored.")
       .def("clear", &PyTable::Clear, "Removes every key.")
+      .def("mark", &PyTable::Mark,
+           "The table's current change mark (epoch, stamp) (Table::Mark).")
+      .def("export_changes", &PyTable::ExportChanges, py::arg("since"), py::arg("until"),
+           py::arg("chunk_rows") = 65536,
+           "The changes of the window [since, until) of two marks: (complete, keys, values, "
+           "removed_keys); complete is False when the table cannot tell (another epoch, or "
+           "tombstones dropped), and then the rest is meaningless.")
       .def("size", &PyTable::Size)
       .def("__len__", &PyTable::Size)
       .def("capacity", &PyTable::Capacity)

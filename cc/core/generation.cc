@@ -92,24 +92,34 @@ std::string SerializeManifest(const Manifest& m) {
     out << "file " << f.shard_index << " " << f.name << " " << f.bytes << " " << f.rows << " "
         << digest << "\n";
   }
-  std::string text = out.str();
+  return WithCrcLine(out.str());
+}
+
+std::string WithCrcLine(const std::string& text) {
   char crc[9];
   std::snprintf(crc, sizeof(crc), "%08x", Crc32c(text.data(), text.size()));
   return text + "crc " + crc + "\n";
 }
 
-Status ParseManifest(std::string_view text, Manifest* out) {
+std::string SplitCrcLine(std::string_view text, std::string_view* body) {
   // The last line holds the CRC of everything before it.
-  if (text.empty() || text.back() != '\n') return Damaged("it does not end with a line break");
+  if (text.empty() || text.back() != '\n') return "it does not end with a line break";
   const size_t last = text.rfind('\n', text.size() - 2);
-  const std::string_view body = last == std::string_view::npos ? "" : text.substr(0, last + 1);
-  const std::string_view crc_line = text.substr(body.size(), text.size() - body.size() - 1);
+  *body = last == std::string_view::npos ? "" : text.substr(0, last + 1);
+  const std::string crc_line(text.substr(body->size(), text.size() - body->size() - 1));
   unsigned int crc = 0;
   char tail = 0;
-  if (body.empty() || std::sscanf(std::string(crc_line).c_str(), "crc %8x%c", &crc, &tail) != 1) {
-    return Damaged("no checksum line");
+  if (body->empty() || std::sscanf(crc_line.c_str(), "crc %8x%c", &crc, &tail) != 1) {
+    return "no checksum line";
   }
-  if (crc != Crc32c(body.data(), body.size())) return Damaged("checksum mismatch");
+  if (crc != Crc32c(body->data(), body->size())) return "checksum mismatch";
+  return "";
+}
+
+Status ParseManifest(std::string_view text, Manifest* out) {
+  std::string_view body;
+  const std::string wrong = SplitCrcLine(text, &body);
+  if (!wrong.empty()) return Damaged(wrong);
 
   Manifest m;
   std::istringstream lines{std::string(body)};
@@ -151,11 +161,12 @@ Status ParseManifest(std::string_view text, Manifest* out) {
     } else if (key == "file") {
       ManifestFile f;
       std::string digest;
+      unsigned int value = 0;
       if (!(fields >> f.shard_index >> f.name >> f.bytes >> f.rows >> digest) ||
-          digest.size() != 8 || std::sscanf(digest.c_str(), "%8x", &crc) != 1) {
+          digest.size() != 8 || std::sscanf(digest.c_str(), "%8x", &value) != 1) {
         return Damaged("a malformed file line '" + line + "'");
       }
-      f.digest = crc;
+      f.digest = value;
       m.files.push_back(std::move(f));
     } else {
       return Damaged("an unknown line '" + line + "'");

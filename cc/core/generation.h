@@ -74,6 +74,14 @@ bool IsSaveId(std::string_view id);
 // The manifest's text (above).
 std::string SerializeManifest(const Manifest& manifest);
 
+// How a manifest's text ends (this one's and the delta manifests',
+// delta.h): `text` and then the line "crc <8 hex digits>", the CRC32C of `text`.
+std::string WithCrcLine(const std::string& text);
+
+// Checks the crc line WithCrcLine ends `text` with; sets *body to the text
+// before it. Returns an empty string, or what is wrong ("checksum mismatch").
+std::string SplitCrcLine(std::string_view text, std::string_view* body);
+
 // Parses and checks a manifest's text: kDataLoss for a damaged one (its
 // CRC, a missing or malformed field), kFailedPrecondition for a manifest
 // of a newer format version.

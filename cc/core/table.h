@@ -140,6 +140,42 @@
 //   Evicted rows return to their shard's row free list and the budget stays
 //   put, so memory stays bounded.
 //
+// Change tracking (online learning: incremental exports, docs/online_learning.md)
+//   A table can say what changed since a point, so an export can write only
+//   the changed rows plus the keys removed since (tombstones):
+//     - Write stamps. Every row carries the rows-written counter of its last
+//       write (insert, overwrite, accum, ApplyRule). Bounded tables have it
+//       already: it is their age (above), so tracking costs them no memory;
+//       unbounded tables add the same 8-byte field (track_changes; false
+//       leaves their rows as before). A Find refreshing LRU scores is no write.
+//     - Marks. Mark() returns (epoch, stamp): rows with age >= stamp were
+//       written after it. A batch takes its stamps before it locks its shards,
+//       so a mark must not fall inside a batch: writers pass a gate (one
+//       atomic increment per batch) that Mark closes while it waits for the
+//       batches in flight, then reads the counter. A mark is a value the
+//       caller keeps: several exporters (or an exporter and a checkpoint)
+//       never take changes from each other, and the table keeps no per-reader
+//       state.
+//     - Tombstones. Remove and eviction append (stamp, key) to the shard's
+//       log under the lock they already hold. The log is bounded: when a
+//       shard's log passes max(64, shard keys / 2) entries its older half is
+//       dropped and `lost_below` rises past their stamps; the changes since a
+//       mark below it are then unknown and ExportChanges says so (the exporter
+//       then writes the whole table). Memory: 16 bytes per logged numeric key
+//       (plus the string), at most ~size/2 entries, and only as keys go.
+//     - Epochs. Clear (and so import and checkpoint restores) starts a new
+//       epoch: a mark of another epoch is unknown changes (the keys Clear
+//       removed have no tombstones). A table made by a staged load is a new
+//       table with a new epoch.
+//   ExportChanges(since, until) scans each shard's rows in row order (dense,
+//   sequential memory, no probing) for ages in [since, until), and the
+//   shard's log for tombstones in that window whose key was not written in
+//   it (a key removed then written again travels as its row), each key once.
+//   Rows written after `until` wait for the next window, so a window holds
+//   the table as of `until` except rows rewritten since, which the next
+//   window brings; with no concurrent writer it is exactly the table at
+//   `until`.
+//
 // GPU
 //   The Table interface below takes raw pointers plus a Runner; the CUDA table
 //   (gpu/gpu_table.h) implements the same interface with device pointers and
@@ -279,6 +315,11 @@ struct TableOptions {
   // space (slower, but tables larger than the GPU's memory work). -1: all in
   // device memory. CPU tables ignore it.
   int64_t max_hbm_for_values = -1;
+  // Keep write stamps and tombstones (see "Change tracking"): +8 bytes per
+  // row of an unbounded table (bounded ones stamp their rows anyway), one
+  // atomic increment per writing batch. GPU tables ignore it (they do not
+  // track changes).
+  bool track_changes = true;
 
   // Checks the options; the message names the field and the value received.
   Status Validate() const;
@@ -351,6 +392,19 @@ class TableSnapshot {
   // once. Returning an error from the sink stops the read.
   virtual Status Read(int64_t begin, int64_t end, int64_t chunk_rows,
                       const ChunkSink& sink) const = 0;
+};
+
+// Receives keys (tombstones) from Table::ExportChanges, in the batch key
+// representation; pointers are valid only during the call. Returning an error
+// stops the iteration.
+using KeySink = std::function<Status(const void* keys, int64_t n)>;
+
+// A point in a table's history of writes (see "Change tracking"): what
+// Table::Mark returns and ExportChanges takes. Plain values: callers keep
+// them, the table keeps nothing per caller.
+struct ChangeMark {
+  uint64_t epoch = 0;  // the table's epoch when taken (Clear starts a new one)
+  uint64_t stamp = 0;  // rows written before the mark have ages below it
 };
 
 // Byte streams for the streaming file format (cc/core/table_io.h).
@@ -504,6 +558,33 @@ class Table {
   // long. Entries inserted or removed concurrently may or may not be visited;
   // no key is visited twice.
   virtual Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) = 0;
+
+  // Change tracking (see "Change tracking"). The current mark: every write
+  // batch that began before it has finished, and every later one gets ages at
+  // or above mark->stamp. kFailedPrecondition where the table does not track
+  // changes (made with track_changes false, or a GPU table).
+  virtual Status Mark(ChangeMark* mark) {
+    (void)mark;
+    return Status(StatusCode::kFailedPrecondition,
+                  "this table does not track changes (GPU tables do not); export it whole");
+  }
+
+  // The changes of the window [since, until) (until from a later Mark):
+  // rows written in it and still present, in chunks of at most chunk_rows,
+  // to `rows` (scores included), then the keys removed or evicted in it and
+  // not written again in it, each once, to `removed`. Sets *complete false
+  // when the window's changes are not all known: marks of two epochs or of
+  // another epoch than the table's, or tombstones dropped since (see above);
+  // the sinks may then have received part of the window: discard it. Shards
+  // are visited one at a time, each under its reader lock.
+  virtual Status ExportChanges(const ChangeMark& since, const ChangeMark& until,
+                               int64_t chunk_rows, const ChunkSink& rows,
+                               const KeySink& removed, bool* complete) {
+    (void)since, (void)until, (void)chunk_rows, (void)rows, (void)removed;
+    *complete = false;
+    return Status(StatusCode::kFailedPrecondition,
+                  "this table does not track changes (GPU tables do not); export it whole");
+  }
 
   // Takes a TableSnapshot (above), which holds this table's reader locks
   // until it is destroyed. Tables whose rows are not in host memory (GPU

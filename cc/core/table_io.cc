@@ -84,10 +84,13 @@ class BlockWriter {
     char bytes[sizeof(HeaderStart) + sizeof(HeaderRest)] = {};
     HeaderStart start{};
     std::memcpy(start.magic, kMagic, 8);
-    start.version = kTableFileVersion;
+    start.flags = (save.routed ? kRoutedFlag : 0) | (save.with_scores ? 0 : kNoScoresFlag) |
+                  (save.keys_only ? kKeysOnlyFlag : 0);
+    // Version 2 readers do not know the row layouts of version 3: only files
+    // that use them say 3, so that older builds still read every other file.
+    start.version = (start.flags & kVersion3Flags) != 0 ? kTableFileVersion : 2;
     start.key_type = static_cast<uint32_t>(opt.key_type);
     start.value_type = static_cast<uint32_t>(opt.value_type);
-    start.flags = save.routed ? kRoutedFlag : 0;
     start.dim = opt.dim;
     HeaderRest rest{};
     std::memset(rest.save_id, '0', kSaveIdChars);
@@ -131,86 +134,170 @@ class BlockWriter {
   uint32_t digest_ = 0;
 };
 
-}  // namespace
+// Writes one file's header, its rows in blocks, then its footer (the row
+// layout follows the options: key | score | values, key | values, or key).
+class RowFileWriter {
+ public:
+  RowFileWriter(const TableOptions& opt, const SaveOptions& options, ByteSink* sink)
+      : opt_(opt), options_(options), sink_(sink), writer_(sink),
+        value_bytes_(options.keys_only ? 0 : opt.value_bytes()),
+        score_bytes_(options.keys_only || !options.with_scores ? 0 : sizeof(uint64_t)),
+        string_keys_(opt.key_type == KeyType::kString),
+        key_bytes_(string_keys_ ? 0 : NumericKeyBytes(opt.key_type)),
+        block_rows_(static_cast<uint64_t>(options.chunk_rows)) {}
 
-Status SaveTable(Table& table, const SaveOptions& options, ByteSink* sink, SavedFile* saved) {
-  if (options.chunk_rows < 1) {
-    return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(options.chunk_rows));
+  Status Begin() {
+    if (options_.chunk_rows < 1) {
+      return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(options_.chunk_rows));
+    }
+    if (options_.save_id.size() > kSaveIdChars) {
+      return InvalidArgument("save_id must have at most " + std::to_string(kSaveIdChars) +
+                             " characters, got '" + options_.save_id + "'");
+    }
+    return writer_.Header(opt_, options_);
   }
-  if (options.save_id.size() > kSaveIdChars) {
-    return InvalidArgument("save_id must have at most " + std::to_string(kSaveIdChars) +
-                           " characters, got '" + options.save_id + "'");
-  }
-  const TableOptions& opt = table.options();
-  BlockWriter writer(sink);
-  DYNEMB_RETURN_IF_ERROR(writer.Header(opt, options));
 
-  const size_t value_bytes = opt.value_bytes();
-  const bool string_keys = opt.key_type == KeyType::kString;
-  const size_t key_bytes = string_keys ? 0 : NumericKeyBytes(opt.key_type);
+  // Adds n rows (`values` and `scores` are ignored where the layout has none).
   // Rows gather into one block until it holds chunk_rows rows or about
   // kBlockBytes (ExportChunks hands over one shard's rows at a time, which in
   // a small table are a few rows each: a block per chunk would cost its
   // 24-byte head per few rows).
-  const uint64_t block_rows = static_cast<uint64_t>(options.chunk_rows);
-  uint64_t total = 0;
-  uint64_t rows_in_block = 0;
-  std::vector<char> buf;
-  const auto flush = [&]() -> Status {
-    if (rows_in_block == 0) return Status::Ok();
-    DYNEMB_RETURN_IF_ERROR(writer.Block(rows_in_block, buf.data(), buf.size()));
-    total += rows_in_block;
-    rows_in_block = 0;
-    buf.clear();
+  Status Add(const void* keys, int64_t n, const void* values, const uint64_t* scores) {
+    const char* v = static_cast<const char*>(values);
+    for (int64_t i = 0; i < n;) {
+      if (!string_keys_) {
+        // Rows [i, end) in one copy loop: as many as the block takes.
+        const size_t row_bytes = key_bytes_ + score_bytes_ + value_bytes_;
+        const uint64_t by_bytes =
+            buf_.size() < kBlockBytes ? (kBlockBytes - buf_.size() + row_bytes - 1) / row_bytes : 1;
+        const uint64_t room = std::min(block_rows_ - rows_in_block_, std::max<uint64_t>(1, by_bytes));
+        const int64_t end = std::min<int64_t>(n, i + static_cast<int64_t>(room));
+        const size_t at = buf_.size();
+        buf_.resize(at + static_cast<size_t>(end - i) * row_bytes);
+        char* out = buf_.data() + at;
+        const char* k = static_cast<const char*>(keys);
+        for (int64_t r = i; r < end; ++r) {
+          std::memcpy(out, k + r * key_bytes_, key_bytes_);
+          if (score_bytes_ > 0) std::memcpy(out + key_bytes_, &scores[r], score_bytes_);
+          if (value_bytes_ > 0) {
+            std::memcpy(out + key_bytes_ + score_bytes_, v + r * value_bytes_, value_bytes_);
+          }
+          out += row_bytes;
+        }
+        rows_in_block_ += static_cast<uint64_t>(end - i);
+        i = end;
+      } else {
+        const std::string_view key = static_cast<const std::string_view*>(keys)[i];
+        const size_t at = buf_.size();
+        buf_.resize(at + sizeof(uint32_t) + key.size() + score_bytes_ + value_bytes_);
+        char* out = buf_.data() + at;
+        PutPod(out, static_cast<uint32_t>(key.size()));
+        std::memcpy(out + 4, key.data(), key.size());
+        if (score_bytes_ > 0) std::memcpy(out + 4 + key.size(), &scores[i], score_bytes_);
+        if (value_bytes_ > 0) {
+          std::memcpy(out + 4 + key.size() + score_bytes_, v + i * value_bytes_, value_bytes_);
+        }
+        ++rows_in_block_;
+        ++i;
+      }
+      if (rows_in_block_ >= block_rows_ || buf_.size() >= kBlockBytes) {
+        DYNEMB_RETURN_IF_ERROR(Flush());
+      }
+    }
     return Status::Ok();
-  };
+  }
+
+  // The last block, the footer; closes the sink.
+  Status Finish(SavedFile* saved) {
+    DYNEMB_RETURN_IF_ERROR(Flush());
+    DYNEMB_RETURN_IF_ERROR(writer_.Footer(total_));
+    DYNEMB_RETURN_IF_ERROR(sink_->Close());
+    if (saved != nullptr) *saved = SavedFile{total_, writer_.bytes(), writer_.digest()};
+    return Status::Ok();
+  }
+
+ private:
+  Status Flush() {
+    if (rows_in_block_ == 0) return Status::Ok();
+    DYNEMB_RETURN_IF_ERROR(writer_.Block(rows_in_block_, buf_.data(), buf_.size()));
+    total_ += rows_in_block_;
+    rows_in_block_ = 0;
+    buf_.clear();
+    return Status::Ok();
+  }
+
+  const TableOptions& opt_;
+  const SaveOptions& options_;
+  ByteSink* const sink_;
+  BlockWriter writer_;
+  const size_t value_bytes_;
+  const size_t score_bytes_;
+  const bool string_keys_;
+  const size_t key_bytes_;
+  const uint64_t block_rows_;
+  uint64_t total_ = 0;
+  uint64_t rows_in_block_ = 0;
+  std::vector<char> buf_;
+};
+
+Status CheckLayout(const SaveOptions& options) {
+  if (options.keys_only && options.with_scores) {
+    return InvalidArgument("a keys_only file has no scores: pass with_scores false");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SaveTable(Table& table, const SaveOptions& options, ByteSink* sink, SavedFile* saved) {
+  DYNEMB_RETURN_IF_ERROR(CheckLayout(options));
+  if (options.keys_only) return InvalidArgument("SaveTable writes rows: keys_only must be false");
+  RowFileWriter writer(table.options(), options, sink);
+  DYNEMB_RETURN_IF_ERROR(writer.Begin());
   DYNEMB_RETURN_IF_ERROR(table.ExportChunks(
       options.chunk_rows,
-      [&](const void* keys, int64_t n, const void* values, const uint64_t* scores) -> Status {
-        const char* v = static_cast<const char*>(values);
-        for (int64_t i = 0; i < n;) {
-          if (!string_keys) {
-            // Rows [i, end) in one copy loop: as many as the block takes.
-            const size_t row_bytes = key_bytes + sizeof(uint64_t) + value_bytes;
-            const uint64_t by_bytes =
-                buf.size() < kBlockBytes ? (kBlockBytes - buf.size() + row_bytes - 1) / row_bytes : 1;
-            const uint64_t room = std::min(block_rows - rows_in_block, std::max<uint64_t>(1, by_bytes));
-            const int64_t end = std::min<int64_t>(n, i + static_cast<int64_t>(room));
-            const size_t at = buf.size();
-            buf.resize(at + static_cast<size_t>(end - i) * row_bytes);
-            char* out = buf.data() + at;
-            const char* k = static_cast<const char*>(keys);
-            for (int64_t r = i; r < end; ++r) {
-              std::memcpy(out, k + r * key_bytes, key_bytes);
-              std::memcpy(out + key_bytes, &scores[r], sizeof(uint64_t));
-              std::memcpy(out + key_bytes + sizeof(uint64_t), v + r * value_bytes, value_bytes);
-              out += row_bytes;
-            }
-            rows_in_block += static_cast<uint64_t>(end - i);
-            i = end;
-          } else {
-            const std::string_view key = static_cast<const std::string_view*>(keys)[i];
-            const size_t at = buf.size();
-            buf.resize(at + sizeof(uint32_t) + key.size() + sizeof(uint64_t) + value_bytes);
-            char* out = buf.data() + at;
-            PutPod(out, static_cast<uint32_t>(key.size()));
-            std::memcpy(out + 4, key.data(), key.size());
-            std::memcpy(out + 4 + key.size(), &scores[i], sizeof(uint64_t));
-            std::memcpy(out + 12 + key.size(), v + i * value_bytes, value_bytes);
-            ++rows_in_block;
-            ++i;
-          }
-          if (rows_in_block >= block_rows || buf.size() >= kBlockBytes) {
-            DYNEMB_RETURN_IF_ERROR(flush());
-          }
-        }
-        return Status::Ok();
+      [&](const void* keys, int64_t n, const void* values, const uint64_t* scores) {
+        return writer.Add(keys, n, values, scores);
       }));
-  DYNEMB_RETURN_IF_ERROR(flush());
-  DYNEMB_RETURN_IF_ERROR(writer.Footer(total));
-  DYNEMB_RETURN_IF_ERROR(sink->Close());
-  if (saved != nullptr) *saved = SavedFile{total, writer.bytes(), writer.digest()};
-  return Status::Ok();
+  return writer.Finish(saved);
+}
+
+Status SaveChanges(Table& table, const ChangeMark& since, const ChangeMark& until,
+                   const SaveOptions& options, ByteSink* rows, ByteSink* removed,
+                   SavedFile* rows_saved, SavedFile* removed_saved, bool* complete) {
+  *complete = false;
+  SaveOptions row_options = options;
+  row_options.with_scores = false;
+  row_options.keys_only = false;
+  SaveOptions key_options = row_options;
+  key_options.keys_only = true;
+  RowFileWriter row_writer(table.options(), row_options, rows);
+  RowFileWriter key_writer(table.options(), key_options, removed);
+  DYNEMB_RETURN_IF_ERROR(row_writer.Begin());
+  DYNEMB_RETURN_IF_ERROR(key_writer.Begin());
+  DYNEMB_RETURN_IF_ERROR(table.ExportChanges(
+      since, until, options.chunk_rows,
+      [&](const void* keys, int64_t n, const void* values, const uint64_t*) {
+        return row_writer.Add(keys, n, values, nullptr);
+      },
+      [&](const void* keys, int64_t n) { return key_writer.Add(keys, n, nullptr, nullptr); },
+      complete));
+  if (!*complete) return Status::Ok();
+  DYNEMB_RETURN_IF_ERROR(row_writer.Finish(rows_saved));
+  return key_writer.Finish(removed_saved);
+}
+
+Status SaveRows(const TableOptions& table, const SaveOptions& options, const void* keys,
+                int64_t n, const void* values, const uint64_t* scores, ByteSink* sink,
+                SavedFile* saved) {
+  DYNEMB_RETURN_IF_ERROR(CheckLayout(options));
+  if (options.with_scores && scores == nullptr && n > 0) {
+    return InvalidArgument("SaveRows: scores must not be null when with_scores is true");
+  }
+  RowFileWriter writer(table, options, sink);
+  DYNEMB_RETURN_IF_ERROR(writer.Begin());
+  DYNEMB_RETURN_IF_ERROR(writer.Add(keys, n, values, scores));
+  return writer.Finish(saved);
 }
 
 Status SaveTable(Table& table, int64_t chunk_rows, ByteSink* sink) {
@@ -373,9 +460,19 @@ Status Deliver(StreamJob* job, RowBatch* rows, uint64_t n, uint64_t first_row_of
       ++kept;
     }
   }
-  if (job->table == nullptr || kept == 0) return Status::Ok();
-  return job->table->Insert(rows->keys(opt, kept), static_cast<int64_t>(kept),
-                            rows->values.data(), rows->scores.data(), *job->runner);
+  if (kept == 0) return Status::Ok();
+  const bool removal = (job->info.flags & kKeysOnlyFlag) != 0;
+  const bool scores = !removal && (job->info.flags & kNoScoresFlag) == 0;
+  const void* keys = rows->keys(opt, kept);
+  if (load.consumer) {
+    return load.consumer(keys, static_cast<int64_t>(kept), removal ? nullptr : rows->values.data(),
+                         scores ? rows->scores.data() : nullptr, removal);
+  }
+  if (job->table == nullptr) return Status::Ok();
+  if (removal) return job->table->Remove(keys, static_cast<int64_t>(kept), *job->runner);
+  // A file without scores: the table scores the rows as an insert does.
+  return job->table->Insert(keys, static_cast<int64_t>(kept), rows->values.data(),
+                            scores ? rows->scores.data() : nullptr, *job->runner);
 }
 
 Status CheckExpected(const std::string& what, uint64_t have, uint64_t want) {
@@ -387,7 +484,12 @@ Status CheckExpected(const std::string& what, uint64_t have, uint64_t want) {
 // Version 2: blocks, each checked before its rows are used.
 Status ReadBlocks(Reader* reader, uint32_t digest, StreamJob* job) {
   const TableOptions& opt = *job->opt;
-  const size_t value_bytes = opt.value_bytes();
+  // The row layout: key | score | values, key | values (kNoScoresFlag) or key
+  // (kKeysOnlyFlag).
+  const bool keys_only = (job->info.flags & kKeysOnlyFlag) != 0;
+  const size_t score_bytes =
+      keys_only || (job->info.flags & kNoScoresFlag) != 0 ? 0 : sizeof(uint64_t);
+  const size_t value_bytes = keys_only ? 0 : opt.value_bytes();
   const bool string_keys = opt.key_type == KeyType::kString;
   const size_t key_bytes = string_keys ? 0 : NumericKeyBytes(opt.key_type);
   const uint64_t chunk = static_cast<uint64_t>(job->load->chunk_rows);
@@ -405,7 +507,7 @@ Status ReadBlocks(Reader* reader, uint32_t digest, StreamJob* job) {
     const bool footer = head.rows == 0;
     // A head that checks out was written by SaveTable; still, a payload
     // must hold its rows' fixed bytes, which bounds what a head can ask for.
-    const uint64_t min_row = (string_keys ? 4 : key_bytes) + sizeof(uint64_t) + value_bytes;
+    const uint64_t min_row = (string_keys ? 4 : key_bytes) + score_bytes + value_bytes;
     if (footer ? head.payload_bytes != kFooterPayloadBytes
                : head.payload_bytes / min_row < head.rows) {
       return Status(StatusCode::kDataLoss, "the block at byte " + std::to_string(at) +
@@ -475,10 +577,11 @@ Status ReadBlocks(Reader* reader, uint32_t digest, StreamJob* job) {
           std::memcpy(rows.numeric_keys.data() + i * key_bytes, p, key_bytes);
           p += key_bytes;
         }
-        if (static_cast<size_t>(end - p) < sizeof(uint64_t) + value_bytes) return damaged();
-        std::memcpy(&rows.scores[i], p, sizeof(uint64_t));
-        p += sizeof(uint64_t);
-        std::memcpy(rows.values.data() + i * value_bytes, p, value_bytes);
+        if (static_cast<size_t>(end - p) < score_bytes + value_bytes) return damaged();
+        rows.scores[i] = 0;
+        std::memcpy(&rows.scores[i], p, score_bytes);
+        p += score_bytes;
+        if (value_bytes > 0) std::memcpy(rows.values.data() + i * value_bytes, p, value_bytes);
         p += value_bytes;
       }
       DYNEMB_RETURN_IF_ERROR(Deliver(job, &rows, batch, at));
@@ -574,6 +677,14 @@ Status ReadStream(ByteSource* source, StreamJob* job) {
     job->info.shard_index = rest.shard_index;
     job->info.num_shards = rest.num_shards;
     job->info.routed = (start.flags & kRoutedFlag) != 0;
+    job->info.flags = start.flags;
+    const uint32_t known = kRoutedFlag | (start.version >= 3 ? kVersion3Flags : 0);
+    if ((start.flags & ~known) != 0 ||
+        ((start.flags & kKeysOnlyFlag) != 0 && (start.flags & kNoScoresFlag) == 0)) {
+      return Status(StatusCode::kDataLoss, "flags " + std::to_string(start.flags) +
+                                               " in the header are not valid for format version " +
+                                               std::to_string(start.version));
+    }
   } else if (job->expected != nullptr) {
     return Status(StatusCode::kDataLoss,
                   "a version 1 file where the manifest names a version 2 file");

@@ -13,6 +13,13 @@
 //     (u32 length | bytes) for strings
 //   footer: a block of 0 rows whose 16-byte payload is
 //     u64 total rows | u32 digest | u32 0; nothing follows it.
+// Format version 3 is version 2 with two more flags, which choose the row
+// layout (a file without them is still written as version 2, so older builds
+// read it): bit 1 (kNoScoresFlag) rows are key | values, no score (delta rows:
+// serving needs no scores); bit 2 (kKeysOnlyFlag, always with bit 1) rows are
+// keys only (a delta's tombstones: keys to remove). LoadTable upserts rows
+// without scores as an insert would (the table scores them) and removes the
+// keys of a keys-only file.
 // flags bit 0 (kRoutedFlag): every key k of the file has
 // ShardOfKey(k, num_shards) == shard_index (partition.h), so a load can check
 // that each key sits in the shard that owns it. `save_id` names the save
@@ -31,6 +38,7 @@
 #define DYNEMB_CORE_TABLE_IO_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,11 +47,15 @@
 namespace dynemb {
 
 // The format versions LoadTable reads, and the one SaveTable writes.
-constexpr uint32_t kTableFileVersion = 2;
+constexpr uint32_t kTableFileVersion = 3;
 constexpr uint32_t kOldestTableFileVersion = 1;
 // Characters of a save id (lowercase hex).
 constexpr size_t kSaveIdChars = 16;
 constexpr uint32_t kRoutedFlag = 1;
+constexpr uint32_t kNoScoresFlag = 2;
+constexpr uint32_t kKeysOnlyFlag = 4;
+// The flags that make a file version 3.
+constexpr uint32_t kVersion3Flags = kNoScoresFlag | kKeysOnlyFlag;
 
 // How SaveTable writes one file.
 struct SaveOptions {
@@ -52,6 +64,8 @@ struct SaveOptions {
   int32_t shard_index = 0;     // which shard of a variable the file holds
   int32_t num_shards = 1;
   bool routed = false;  // the keys are routed by ShardOfKey (sets kRoutedFlag)
+  bool with_scores = true;  // false: rows are key | values (kNoScoresFlag)
+  bool keys_only = false;   // rows are keys (kKeysOnlyFlag); needs with_scores false
 };
 
 // What SaveTable wrote (a manifest's record of the file).
@@ -67,6 +81,24 @@ Status SaveTable(Table& table, const SaveOptions& options, ByteSink* sink, Saved
 
 // SaveTable with default options but `chunk_rows`.
 Status SaveTable(Table& table, int64_t chunk_rows, ByteSink* sink);
+
+// The changes of `table` in the window [since, until) (Table::ExportChanges)
+// as two files: the rows written in it (key | values, kNoScoresFlag) to
+// `rows`, the keys removed in it (kKeysOnlyFlag) to `removed`; `options`
+// says the rest (save id, shard, routing, chunk_rows). Sets *complete false
+// when the window's changes are not all known: then the sinks hold part of
+// the rows and are not closed (the caller discards them) and nothing else is
+// filled.
+Status SaveChanges(Table& table, const ChangeMark& since, const ChangeMark& until,
+                   const SaveOptions& options, ByteSink* rows, ByteSink* removed,
+                   SavedFile* rows_saved, SavedFile* removed_saved, bool* complete);
+
+// Writes n given rows (keys in the batch representation of `table`'s key
+// type, values [n, dim], scores [n] unless the layout has none) as one file
+// of a table of options `table`, and closes the sink.
+Status SaveRows(const TableOptions& table, const SaveOptions& options, const void* keys,
+                int64_t n, const void* values, const uint64_t* scores, ByteSink* sink,
+                SavedFile* saved);
 
 // What a load expects of one stream (from a manifest); the load fails with
 // kDataLoss, naming the stream and both values, when the stream differs.
@@ -98,6 +130,13 @@ struct LoadOptions {
   bool validate_first = true;
   // Per stream (empty, or one per stream): what it must be.
   std::vector<ExpectedFile> expected;
+  // Where rows go instead of the table (rows already filtered by shard):
+  // keys, n, values (null for removals), scores (null where the file has
+  // none), and whether the rows are keys to remove (a keys-only file). Also
+  // called by CheckTableFiles, which has no table.
+  std::function<Status(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                       bool removal)>
+      consumer;
 };
 
 // What LoadTable read, per stream.
@@ -107,6 +146,7 @@ struct LoadedFile {
   int32_t shard_index = 0;
   int32_t num_shards = 1;
   bool routed = false;
+  uint32_t flags = 0;  // the header's (the row layout: kNoScoresFlag, kKeysOnlyFlag)
   uint64_t rows = 0;
 };
 

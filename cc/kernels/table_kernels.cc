@@ -64,6 +64,7 @@ CreateTableOp::CreateTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
   OP_REQUIRES_OK(ctx, ctx->GetAttr("step_per_epoch", &options_.step_per_epoch));
   OP_REQUIRES_OK(ctx, ctx->GetAttr("find_updates_scores", &options_.find_updates_scores));
   OP_REQUIRES_OK(ctx, ctx->GetAttr("max_hbm_for_values", &options_.max_hbm_for_values));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("track_changes", &options_.track_changes));
   OP_REQUIRES_OK(ctx, ToTfStatus(options_.Validate()));
 }
 

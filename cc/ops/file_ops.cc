@@ -7,6 +7,7 @@
 // per shard (every check; the rows loaded into a table aside), then, once
 // every shard staged without error, one DynembTableCommitLoad per shard.
 
+#include "cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -16,15 +17,6 @@ namespace {
 
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
-
-// Inputs [first, last] are scalars.
-absl::Status Scalars(InferenceContext* c, int first, int last) {
-  for (int i = first; i <= last; ++i) {
-    ShapeHandle unused;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status SaveToFileShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(Scalars(c, 0, 3));

@@ -199,6 +199,7 @@ REGISTER_OP("DynembHashTable")
     .Attr("step_per_epoch: int >= 0 = 0")
     .Attr("find_updates_scores: bool = false")
     .Attr("max_hbm_for_values: int >= -1 = -1")
+    .Attr("track_changes: bool = true")
     .SetIsStateful()
     .SetShapeFn(CreateTableShape)
     .Doc(R"doc(
@@ -211,6 +212,9 @@ max_capacity: 0 for an unbounded table.
 max_hbm_for_values: GPU tables: bytes of device memory for value rows, the rest
   in pinned host memory the GPU reads over the bus; -1: all in device memory.
   CPU tables ignore it.
+track_changes: keep write stamps and tombstones, so that a DeltaExporter can
+  write only what changed (cc/core/table.h, "Change tracking"); false saves 8
+  bytes per key of an unbounded table. GPU tables ignore it.
 )doc");
 
 REGISTER_OP("DynembTableFind")

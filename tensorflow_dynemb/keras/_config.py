@@ -97,9 +97,13 @@ def function_from_config(config: Any, arg: str) -> Any:
 
 
 def kv_creator_to_config(kv_creator: Any) -> Optional[Dict[str, Any]]:
-    """None for the default unbounded tables; the HKV config otherwise."""
-    if kv_creator is None or type(kv_creator) is HashTableCreator:
+    """None for the default unbounded tables; the creator's class and arguments
+    otherwise (`track_changes` only where it is off, so older configs read alike)."""
+    if kv_creator is None:
         return None
+    track = {} if getattr(kv_creator, "track_changes", True) else {"track_changes": False}
+    if type(kv_creator) is HashTableCreator:
+        return {"class_name": "HashTableCreator", "config": track} if track else None
     if not isinstance(kv_creator, HkvHashTableCreator):
         raise ValueError(
             f"`kv_creator` {kv_creator!r} cannot be saved in a layer config; only "
@@ -116,15 +120,19 @@ def kv_creator_to_config(kv_creator: Any) -> Optional[Dict[str, Any]]:
             "step_per_epoch": c.step_per_epoch,
             "gen_scores_fn": function_to_config(c.gen_scores_fn),
         },
+        **track,
     }
 
 
 def kv_creator_from_config(config: Optional[Dict[str, Any]]) -> Any:
     if config is None:
         return None
+    track_changes = config.get("track_changes", True)
+    if config["class_name"] == "HashTableCreator":
+        return HashTableCreator(track_changes=config["config"].get("track_changes", True))
     fields = dict(config["config"])
     fields["gen_scores_fn"] = function_from_config(fields.get("gen_scores_fn"), "gen_scores_fn")
-    return HkvHashTableCreator(HkvHashTableConfig(**fields))
+    return HkvHashTableCreator(HkvHashTableConfig(**fields), track_changes=track_changes)
 
 
 # -- policies -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import tensorflow as tf
 
 from tensorflow_dynemb import _ops
-from tensorflow_dynemb.persistence import files
+from tensorflow_dynemb.persistence import files, identity
 from tensorflow_dynemb.persistence.checkpoint import (
     CKPT_KEYS,
     CKPT_SCORES,
@@ -239,6 +239,8 @@ class TableContent:
         owner = owner_ref() if owner_ref is not None else None
         if save_type == "savedmodel" and owner is not None:
             children["_variable"] = owner
+        elif save_type == "savedmodel":
+            identity.add_name_function(self, self.name, children)
         return children
 
     def _checkpoint_tables(self):

@@ -44,6 +44,7 @@ class HashTable(_DynembTable):
         init_size: int = 0,
         device: str = "",
         shared_name: Optional[str] = None,
+        track_changes: bool = True,
     ):
         """Creates an empty table.
 
@@ -63,6 +64,10 @@ class HashTable(_DynembTable):
             process (default: not shared; eager tables are anonymous). Dtypes and
             value shape must match the existing table's, or the op raises
             `InvalidArgumentError`.
+          track_changes: keep a write stamp per key and the keys removed, so that a
+            `de.DeltaExporter` writes only what changed (docs/online_learning.md).
+            False saves 8 bytes per key and one atomic increment per write, and the
+            exporter then writes the whole table each time.
 
         Raises:
           TypeError: an unsupported dtype, or `default_value` of another dtype.
@@ -84,6 +89,7 @@ class HashTable(_DynembTable):
                 evict_strategy="lru",
                 step_per_epoch=0,
                 find_updates_scores=False,
+                track_changes=bool(track_changes),
             ),
         )
 

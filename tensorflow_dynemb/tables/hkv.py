@@ -159,6 +159,7 @@ class HkvHashTable(_DynembTable):
         evict_strategy: Any = HkvEvictStrategy.LRU,
         step_per_epoch: int = 0,
         gen_scores_fn: Optional[Callable[[tf.Tensor], TensorLike]] = None,
+        track_changes: bool = True,
     ):
         """Creates an empty table.
 
@@ -186,6 +187,10 @@ class HkvHashTable(_DynembTable):
           evict_strategy: used when no `config` is given.
           step_per_epoch: used when no `config` is given.
           gen_scores_fn: used when no `config` is given.
+          track_changes: keep the keys removed or evicted, so that a
+            `de.DeltaExporter` writes only what changed (docs/online_learning.md;
+            the rows' write stamps cost a bounded table nothing: they are its
+            eviction ages).
 
         Raises:
           TypeError: an unsupported dtype, or a non-integer capacity.
@@ -233,6 +238,7 @@ class HkvHashTable(_DynembTable):
                 find_updates_scores=strategy
                 in (HkvEvictStrategy.LRU, HkvEvictStrategy.EPOCHLRU),
                 max_hbm_for_values=self._max_hbm_for_values,
+                track_changes=bool(track_changes),
             ),
         )
 

@@ -23,7 +23,7 @@ from tensorflow_dynemb.persistence.checkpoint import (
     CheckpointTables,
     Untracked,
 )
-from tensorflow_dynemb.persistence import file_saver, files
+from tensorflow_dynemb.persistence import file_saver, files, identity
 from tensorflow_dynemb.variable import files as variable_files
 from tensorflow_dynemb.variable.sharding import default_partition_fn
 
@@ -253,6 +253,8 @@ class VariableContent:
         if save_type == "checkpoint":
             children.pop("_tables", None)
             children.pop("_trainables", None)
+        elif save_type == "savedmodel":
+            identity.add_name_function(self, self.name, children)
         return children
 
     def _deserialization_dependencies(self, children):

@@ -187,11 +187,15 @@ class HashTableCreator:
       config: accepted for TFRA (its `CuckooHashTableConfig` holds nothing).
       saver: a `de.FileSystemSaver`: checkpoints keep the variable's content in its
         own files (persistence/file_saver.py); None: inside the checkpoint.
+      track_changes: the shards' `track_changes` (`de.HashTable`): what a
+        `de.DeltaExporter` needs to write only what changed.
     """
 
-    def __init__(self, config=None, saver: Optional[FileSystemSaver] = None):
+    def __init__(self, config=None, saver: Optional[FileSystemSaver] = None,
+                 track_changes: bool = True):
         self.config = config
         self.saver = check_saver(saver)
+        self.track_changes = bool(track_changes)
 
     def create(
         self,
@@ -213,6 +217,7 @@ class HashTableCreator:
             init_size=init_size,
             device=device,
             shared_name=shared_name,
+            track_changes=getattr(self, "track_changes", True),
         )
 
 
@@ -227,15 +232,18 @@ class HkvHashTableCreator(HashTableCreator):
     Args:
       config: a `de.HkvHashTableConfig` (default: `HkvHashTableConfig()`).
       saver: as for `HashTableCreator`.
+      track_changes: as for `HashTableCreator`.
     """
 
     def __init__(
-        self, config: Optional[HkvHashTableConfig] = None, saver: Optional[FileSystemSaver] = None
+        self, config: Optional[HkvHashTableConfig] = None, saver: Optional[FileSystemSaver] = None,
+        track_changes: bool = True,
     ):
         if config is not None and not isinstance(config, HkvHashTableConfig):
             raise TypeError(f"`config` must be a de.HkvHashTableConfig or None, got {config!r}.")
         self.config = config or HkvHashTableConfig()
         self.saver = check_saver(saver)
+        self.track_changes = bool(track_changes)
 
     def create(self, key_dtype, value_dtype, default_value, name, init_size, device, shared_name):
         del init_size  # the config's init_capacity sizes the table
@@ -248,4 +256,5 @@ class HkvHashTableCreator(HashTableCreator):
             config=self.config,
             device=device,
             shared_name=shared_name,
+            track_changes=getattr(self, "track_changes", True),
         )

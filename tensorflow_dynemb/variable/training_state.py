@@ -4,6 +4,7 @@ beside it. A mixin of `Variable` (variable.py)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -68,7 +69,12 @@ class TrainingState:
         devices, partitioner and checkpointing), named `<name>/<suffix>`: what optimizer
         slots and policy state are made of, so that a key's companion rows live on the
         key's shard. `checkpoint_scores=False`: its checkpoints leave the scores out
-        (a restore gives the keys fresh ones)."""
+        (a restore gives the keys fresh ones). Companions are training state, not what
+        a serving delta carries: their tables track no changes (8 bytes per key less
+        in an unbounded table; `de.DeltaExporter(..., include_slots=True)` writes
+        them whole)."""
+        kv_creator = copy.copy(kv_creator) if kv_creator is not None else HashTableCreator()
+        kv_creator.track_changes = False
         companion = type(self)(
             key_dtype=self._key_dtype,
             value_dtype=value_dtype,

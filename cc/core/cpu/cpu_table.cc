@@ -7,11 +7,13 @@
 #include <array>
 #include <atomic>
 #include <bitset>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <random>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -274,6 +276,22 @@ enum class Room {
   kTurnedAway,       // the new key had the lowest score: it is not inserted
 };
 
+// A shard's tombstone log holds at most max(kMinTombstones, keys / 2)
+// entries before its older half is dropped (see "Change tracking" in table.h).
+constexpr size_t kMinTombstones = 64;
+
+// A new table epoch: unique in the process, and unlikely to repeat another
+// process's (the start is random), so a mark is never mistaken for another
+// table's.
+uint64_t NewEpoch() {
+  static std::atomic<uint64_t> next{[] {
+    std::random_device random;
+    return (static_cast<uint64_t>(random()) << 32) ^ random() ^
+           static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }()};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 // The entry chosen for eviction: its shard (whose heap has it on top) and key.
 struct Victim {
   int shard = -1;
@@ -291,11 +309,16 @@ class CpuTable final : public Table {
         value_bytes_(options.value_bytes()),
         add_row_(GetAddRowFn(options.value_type)),
         bounded_(options.max_capacity > 0),
-        shards_(new Shard[kNumShards]) {
+        tracking_(options.track_changes),
+        stamped_(bounded_ || tracking_),
+        shards_(new Shard[kNumShards]),
+        tombstones_(new std::vector<Tombstone>[kNumShards]),
+        epoch_(NewEpoch()) {
     score_offset_ = RoundUp8(sizeof(typename Traits::Stored));
-    // Rows are [key | score | values], bounded tables' [key | score | age | values].
+    // Rows are [key | score | values]; bounded tables' and tables that track
+    // changes [key | score | age | values] (the age is the write stamp).
     age_offset_ = score_offset_ + sizeof(uint64_t);
-    value_offset_ = age_offset_ + (bounded_ ? sizeof(uint64_t) : 0);
+    value_offset_ = age_offset_ + (stamped_ ? sizeof(uint64_t) : 0);
     stride_ = RoundUp8(value_offset_ + value_bytes_);
     for (int s = 0; s < kNumShards; ++s) {
       shards_[s].rows.Init(stride_, &chunk_arena_);
@@ -329,7 +352,8 @@ class CpuTable final : public Table {
     for (int s = 0; s < kNumShards; ++s) {
       std::shared_lock<std::shared_mutex> lock(shards_[s].mu);
       bytes += shards_[s].num_slots * sizeof(uint64_t) + shards_[s].rows.MemoryBytes() +
-               shards_[s].heap.capacity() * sizeof(HeapEntry);
+               shards_[s].heap.capacity() * sizeof(HeapEntry) +
+               tombstones_[s].capacity() * sizeof(Tombstone);
       if (!Traits::kTrivial) bytes += StringHeapBytes(shards_[s]);
     }
     return bytes;
@@ -379,6 +403,24 @@ class CpuTable final : public Table {
   Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) override {
     return GuardMemory([&] { return ExportChunksBody(chunk_rows, sink); });
   }
+  Status ExportChanges(const ChangeMark& since, const ChangeMark& until, int64_t chunk_rows,
+                       const ChunkSink& rows, const KeySink& removed, bool* complete) override {
+    return GuardMemory(
+        [&] { return ExportChangesBody(since, until, chunk_rows, rows, removed, complete); });
+  }
+
+  // See "Change tracking" in table.h: closes the write gate, waits for the
+  // batches in flight, reads the rows-written counter.
+  Status Mark(ChangeMark* mark) override {
+    if (!tracking_) return NotTracked();
+    std::lock_guard<std::mutex> lock(mark_mu_);
+    marking_.store(true, std::memory_order_seq_cst);
+    while (writers_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+    mark->stamp = rows_written_.load(std::memory_order_seq_cst);
+    mark->epoch = epoch_.load(std::memory_order_seq_cst);
+    marking_.store(false, std::memory_order_seq_cst);
+    return Status::Ok();
+  }
 
   Status FindBody(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
                   bool default_per_key, bool update_scores, const Runner& runner) {
@@ -411,6 +453,7 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
+    const WriteGate gate(this);
     ScoreContext ctx = WriteScoreContext(scores, n, /*is_insert=*/true);
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(values);
@@ -458,6 +501,7 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
+    const WriteGate gate(this);
     ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/false);
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(deltas);
@@ -515,6 +559,10 @@ class CpuTable final : public Table {
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
+    const WriteGate gate(this);
+    // Removals take stamps from the same counter as writes, so a window of
+    // marks orders them with the writes (a tombstone's stamp).
+    const uint64_t stamp_base = tracking_ ? AgeBase(n) : 0;
     return ForEachShard(
         plan, n, runner, [&](int s, Shard& shard, const uint32_t* idx, int64_t count) {
           std::unique_lock<std::shared_mutex> lock(shard.mu);
@@ -523,6 +571,7 @@ class CpuTable final : public Table {
             const uint32_t i = idx[p];
             const uint64_t pos = FindPosition(shard, plan.hashes[i], in[i]);
             if (SlotEmpty(shard.slots[pos])) return;
+            RecordRemoval(s, in[i], stamp_base + i);
             EraseAt(shard, pos);
             ++pass.pc.removes;
             --pass.size_delta;
@@ -534,6 +583,8 @@ class CpuTable final : public Table {
   }
 
   void Clear() override {
+    // Through the write gate, so that a Mark sees the table before or after.
+    const WriteGate gate(this);
     std::vector<std::unique_lock<std::shared_mutex>> locks = LockAll<std::unique_lock>();
     int64_t removed = 0;
     for (int s = 0; s < kNumShards; ++s) {
@@ -555,7 +606,11 @@ class CpuTable final : public Table {
       shard.heap.shrink_to_fit();
       shard.heap_built = false;
       SetHint(s, kNoEntryKey);
+      std::vector<Tombstone>().swap(tombstones_[s]);
     }
+    // The keys just removed have no tombstones: marks of the old epoch no
+    // longer tell what changed.
+    epoch_.store(NewEpoch(), std::memory_order_seq_cst);
     chunk_arena_.Release();  // every shard's rows are gone
     // Subtract rather than store 0: with every lock held no pass is running,
     // but the order of the two counters must stay size_ <= reserved_.
@@ -612,6 +667,58 @@ class CpuTable final : public Table {
     parallel(n, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) emit(i, order[i].second);
     });
+    return Status::Ok();
+  }
+
+  Status ExportChangesBody(const ChangeMark& since, const ChangeMark& until, int64_t chunk_rows,
+                           const ChunkSink& rows, const KeySink& removed, bool* complete) {
+    *complete = false;
+    if (!tracking_) return NotTracked();
+    if (chunk_rows < 1) {
+      return InvalidArgument("chunk_rows must be >= 1, got " + std::to_string(chunk_rows));
+    }
+    // Marks of two epochs: a Clear came between them, whose removals are unknown.
+    if (since.epoch != until.epoch) return Status::Ok();
+    if (since.stamp > until.stamp) {
+      return InvalidArgument("ExportChanges: `until` must be a mark taken after `since`, got "
+                             "since stamp " + std::to_string(since.stamp) + ", until stamp " +
+                             std::to_string(until.stamp));
+    }
+    for (int s = 0; s < kNumShards; ++s) {
+      const Shard& shard = shards_[s];
+      std::shared_lock<std::shared_mutex> lock(shard.mu);
+      // Under the lock: a Clear (all locks) is before or after this shard.
+      if (!ChangesKnownSince(since)) return Status::Ok();
+      const auto in_window = [&](uint64_t stamp) {
+        return stamp >= since.stamp && stamp < until.stamp;
+      };
+      // The lock keeps the chunk's string keys alive until the sink returns.
+      ChunkBuffer chunk(*this,
+                        std::min<int64_t>(chunk_rows, shard.size.load(std::memory_order_relaxed)));
+      Status status;
+      shard.rows.ForEachRow([&](const char* r) {
+        const uint64_t age = Age(r);  // kDeadAge for a free row: never in a window
+        if (status.ok() && age != kDeadAge && in_window(age)) status = chunk.Add(r, rows);
+      });
+      DYNEMB_RETURN_IF_ERROR(status);
+      DYNEMB_RETURN_IF_ERROR(chunk.Flush(rows));
+      std::vector<In> gone;
+      for (const Tombstone& t : tombstones_[s]) {
+        if (!in_window(t.stamp)) continue;
+        const In key = Traits::View(&t.key);
+        const uint64_t slot = shard.slots[FindPosition(shard, HashKey(key), key)];
+        // Removed, then written again in the window: it travels as its row.
+        if (!SlotEmpty(slot) && in_window(Age(shard.rows.Row(SlotRow(slot))))) continue;
+        gone.push_back(key);
+      }
+      std::sort(gone.begin(), gone.end());
+      gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+      for (size_t b = 0; b < gone.size(); b += static_cast<size_t>(chunk_rows)) {
+        const size_t m = std::min(gone.size() - b, static_cast<size_t>(chunk_rows));
+        DYNEMB_RETURN_IF_ERROR(removed(gone.data() + b, static_cast<int64_t>(m)));
+      }
+    }
+    *complete = true;
     return Status::Ok();
   }
 
@@ -673,7 +780,9 @@ class CpuTable final : public Table {
                        Ahead&& ahead, Update&& update) {
     BatchPlan plan;
     BuildPlan(in, n, runner, &plan);
+    const WriteGate gate(this);
     const ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/true);
+    const uint64_t age_base = AgeBase(n);
     return WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard, const uint32_t* idx,
                                            int64_t count, DeferredRows*) {
       Status status;
@@ -692,12 +801,13 @@ class CpuTable final : public Table {
               char* r = shard.rows.Row(SlotRow(slot));
               update(i, r + value_offset_);
               SetScore(r, ctx.Score(i, true, AtomicLoadScore(r + score_offset_)));
+              if (stamped_) SetAge(r, age_base + i);
               ++pass.pc.updates;
             } else {
               CopyValues(fresh_row, initial);
               update(i, fresh_row);
               InsertNew(pass, count - p, hash, in[i], pos, fresh_row, ctx.Score(i, false, 0),
-                        /*age=*/0, /*out=*/nullptr, &status);
+                        age_base + i, /*out=*/nullptr, &status);
             }
           });
       return status;
@@ -900,6 +1010,72 @@ class CpuTable final : public Table {
                                              scores.data()));
     }
     return Status::Ok();
+  }
+
+  // ---- Change tracking (see "Change tracking" in table.h) ----
+
+  // A key that left the table: its stamp and a copy of it.
+  struct Tombstone {
+    uint64_t stamp;
+    typename Traits::Stored key;
+  };
+
+  static Status NotTracked() {
+    return Status(StatusCode::kFailedPrecondition,
+                  "this table was made with track_changes=False: it keeps no write stamps or "
+                  "tombstones, so it cannot say what changed");
+  }
+
+  // Whether every change since `since` is known: the same epoch, and no
+  // tombstone of the window dropped.
+  bool ChangesKnownSince(const ChangeMark& since) const {
+    return since.epoch == epoch_.load(std::memory_order_seq_cst) &&
+           since.stamp >= lost_below_.load(std::memory_order_relaxed);
+  }
+
+  // Held by a writing batch from before it takes its stamps until it
+  // returns, so that Mark can wait for the batches in flight: one atomic
+  // increment and decrement per batch. Does nothing in a table that does not
+  // track changes.
+  class WriteGate {
+   public:
+    explicit WriteGate(CpuTable* table) : table_(table->tracking_ ? table : nullptr) {
+      if (table_ == nullptr) return;
+      for (;;) {
+        table_->writers_.fetch_add(1, std::memory_order_seq_cst);
+        if (!table_->marking_.load(std::memory_order_seq_cst)) return;
+        // A Mark is waiting for the batches in flight: do not start one now.
+        table_->writers_.fetch_sub(1, std::memory_order_seq_cst);
+        while (table_->marking_.load(std::memory_order_seq_cst)) std::this_thread::yield();
+      }
+    }
+    ~WriteGate() {
+      if (table_ != nullptr) table_->writers_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    WriteGate(const WriteGate&) = delete;
+    WriteGate& operator=(const WriteGate&) = delete;
+
+   private:
+    CpuTable* const table_;
+  };
+
+  // Logs that `key` left shard s (locked exclusively) at `stamp`; called
+  // before its row is freed. A full log first drops its older half (entries
+  // are in the order keys went, so their stamps almost rise), and the stamps
+  // it dropped become unknown changes.
+  void RecordRemoval(int s, In key, uint64_t stamp) {
+    if (!tracking_) return;
+    std::vector<Tombstone>& log = tombstones_[s];
+    const size_t cap = std::max(
+        kMinTombstones, static_cast<size_t>(shards_[s].size.load(std::memory_order_relaxed)) / 2);
+    if (log.size() >= cap) {
+      const size_t drop = log.size() / 2;
+      uint64_t highest = 0;
+      for (size_t i = 0; i < drop; ++i) highest = std::max(highest, log[i].stamp);
+      log.erase(log.begin(), log.begin() + static_cast<std::ptrdiff_t>(drop));
+      AtomicMax(lost_below_, highest + 1);
+    }
+    log.push_back(Tombstone{stamp, typename Traits::Stored(key)});
   }
 
   // Writes evicted entries into the caller's EvictedEntries (or only counts
@@ -1176,7 +1352,7 @@ class CpuTable final : public Table {
     Shard& shard = shards_[pass.shard];
     Room room = Room::kFree;
     if (bounded_) {
-      room = MakeRoom(pass, rows_left, key, value, score, out);
+      room = MakeRoom(pass, rows_left, key, value, score, age, out);
       if (room == Room::kTurnedAway) return;
       // Evicting from this shard shifted its slots.
       if (room == Room::kEvictedHere) pos = FindPosition(shard, hash, key);
@@ -1202,7 +1378,11 @@ class CpuTable final : public Table {
     ++pass.pc.inserts;
     // An eviction made room: the table's size is unchanged.
     if (room == Room::kFree) ++pass.size_delta;
-    if (bounded_) OnWrite(pass.shard, row, r, score, age, /*lowered=*/true);
+    if (bounded_) {
+      OnWrite(pass.shard, row, r, score, age, /*lowered=*/true);
+    } else if (stamped_) {
+      SetAge(r, age);
+    }
   }
 
   // Room in `shard` (holding `size` keys) for absent `key`: grows the slot
@@ -1227,6 +1407,8 @@ class CpuTable final : public Table {
     try {
       Traits::Construct(shard.rows.Row(*row), key);  // a long string key allocates
     } catch (const std::bad_alloc&) {
+      // A free row reads as dead to the scans of stamped rows.
+      if (stamped_) SetAge(shard.rows.Row(*row), kDeadAge);
       shard.rows.Free(*row);
       return kOutOfMemoryMessage;
     }
@@ -1239,7 +1421,11 @@ class CpuTable final : public Table {
     SetScore(r, score);
     // A rising (score, age) leaves the row's heap entry valid as a lower
     // bound (it is re-pushed lazily); a lowered score needs an entry.
-    if (bounded_) OnWrite(s, row, r, score, age, /*lowered=*/score < old);
+    if (bounded_) {
+      OnWrite(s, row, r, score, age, /*lowered=*/score < old);
+    } else if (stamped_) {
+      SetAge(r, age);
+    }
   }
 
   // A bounded shard's row was written with `score` at `age`. If its (score,
@@ -1293,7 +1479,7 @@ class CpuTable final : public Table {
   // Ages for a writing batch of n rows: row i was written at base + i. One
   // atomic add per batch; 2^64 rows never wrap.
   uint64_t AgeBase(int64_t n) {
-    return bounded_ ? rows_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed)
+    return stamped_ ? rows_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed)
                     : 0;
   }
 
@@ -1420,7 +1606,8 @@ class CpuTable final : public Table {
   // older).
   // Out of line: the insert loop stays small for unbounded tables.
   __attribute__((noinline)) Room MakeRoom(WritePass& pass, int64_t rows_left, In key,
-                                          const char* value, uint64_t score, EvictedWriter* out) {
+                                          const char* value, uint64_t score, uint64_t age,
+                                          EvictedWriter* out) {
     for (int attempt = 0;; ++attempt) {
       if (pass.stash == 0) pass.stash = TryReserve(rows_left);
       if (pass.stash > 0) {
@@ -1435,7 +1622,7 @@ class CpuTable final : public Table {
           out->Write(key, value, score);
           return Room::kTurnedAway;
         }
-        EvictAt(victim, out);
+        EvictAt(victim, age, out);
         return victim.shard == pass.shard ? Room::kEvictedHere : Room::kEvictedElsewhere;
       }
       // Full, yet nothing to evict: other passes hold the budget as
@@ -1466,13 +1653,15 @@ class CpuTable final : public Table {
   }
 
   // Evicts the entry ValidateTop left on top of its shard's heap (the shard
-  // is locked), reporting it before its row is freed.
-  void EvictAt(const Victim& victim, EvictedWriter* out) {
+  // is locked), reporting it before its row is freed; `stamp` is the evicting
+  // row's (its tombstone's stamp).
+  void EvictAt(const Victim& victim, uint64_t stamp, EvictedWriter* out) {
     Shard& shard = shards_[victim.shard];
     const char* r = shard.rows.Row(shard.heap.front().row);
     const In key = Traits::View(r);
     const uint64_t pos = FindPosition(shard, HashKey(key), key);
     out->Write(key, r + value_offset_, victim.key.score);
+    RecordRemoval(victim.shard, key, stamp);
     std::pop_heap(shard.heap.begin(), shard.heap.end(), HeapAfter());
     shard.heap.pop_back();
     EraseAt(shard, pos);
@@ -1531,7 +1720,7 @@ class CpuTable final : public Table {
   void EraseAt(Shard& shard, uint64_t pos) {
     const uint32_t row = SlotRow(shard.slots[pos]);
     Traits::Destroy(shard.rows.Row(row));
-    if (bounded_) SetAge(shard.rows.Row(row), kDeadAge);
+    if (stamped_) SetAge(shard.rows.Row(row), kDeadAge);
     shard.rows.Free(row);
     const uint64_t mask = shard.mask();
     uint64_t hole = pos;
@@ -1700,6 +1889,8 @@ class CpuTable final : public Table {
   const size_t value_bytes_;
   const AddRowFn add_row_;
   const bool bounded_;  // max_capacity > 0
+  const bool tracking_;  // options.track_changes: marks, tombstones, the write gate
+  const bool stamped_;   // rows carry an age (bounded_ || tracking_)
   size_t score_offset_ = 0;
   size_t age_offset_ = 0;  // bounded tables only
   size_t value_offset_ = 0;
@@ -1709,6 +1900,17 @@ class CpuTable final : public Table {
   ChunkArena chunk_arena_;
   SlotArrayPool slot_pool_;
   std::unique_ptr<Shard[]> shards_;
+  // Per shard, the keys removed or evicted (change tracking; guarded by the
+  // shard's lock), in the order they went.
+  std::unique_ptr<std::vector<Tombstone>[]> tombstones_;
+  // Change tracking: the epoch (a new one at each Clear), tombstones with
+  // stamps below lost_below_ may have been dropped, and the write gate
+  // (writers_ counts batches in flight; Mark sets marking_ and waits).
+  std::atomic<uint64_t> epoch_;
+  std::atomic<uint64_t> lost_below_{0};
+  std::atomic<int64_t> writers_{0};
+  std::atomic<bool> marking_{false};
+  std::mutex mark_mu_;
 
   // Keys in the table, as published by finished passes (Size()).
   std::atomic<int64_t> size_{0};

@@ -11,6 +11,7 @@
 #ifndef DYNEMB_CORE_CPU_ROW_SLAB_H_
 #define DYNEMB_CORE_CPU_ROW_SLAB_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -41,6 +42,20 @@ class RowSlab {
   // Whether `index` is a row of the slab (allocated at some point since the
   // last Reset; it may be free now).
   bool Contains(uint32_t index) const { return index < high_water_; }
+
+  // Calls fn(row) for every row index handed out since the last Reset, live
+  // or free, in index order: chunk by chunk, so the scan reads memory
+  // sequentially (change tracking scans rows this way instead of probing).
+  template <typename Fn>
+  void ForEachRow(Fn&& fn) const {
+    uint32_t index = 0;
+    for (size_t k = 0; k < chunks_.size() && index < high_water_; ++k) {
+      const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(ChunkRows(k)), high_water_ - index);
+      const char* row = chunks_[k];
+      for (uint32_t j = 0; j < n; ++j, row += stride_) fn(row);
+      index += n;
+    }
+  }
 
   // Hands out a free row (recycled first). Returns false when the shard has
   // used every row index.

@@ -36,6 +36,7 @@
 
 #include "cc/core/cpu/huge_pages.h"
 #include "cc/core/crc32c.h"
+#include "cc/core/delta.h"
 #include "cc/core/generation.h"
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
@@ -1670,11 +1671,11 @@ void TestReadsVersion1(const Runner& runner) {
   CHECK_OK(t->Find(&k, 1, row, nullptr, def, false, runner));
   CHECK(row[0] == -9.0f && row[1] == 1.5f);
   // A newer format is refused with its version named.
-  std::string v3 = v1;
-  v3[8] = 3;
-  MemorySource newer(v3);
+  std::string v4 = v1;
+  v4[8] = 4;
+  MemorySource newer(v4);
   const Status s = LoadTable({&newer}, *t, LoadOptions{}, runner);
-  CHECK(s.code() == StatusCode::kFailedPrecondition && s.message().find("version 3") != std::string::npos);
+  CHECK(s.code() == StatusCode::kFailedPrecondition && s.message().find("version 4") != std::string::npos);
   CHECK(t->Size() == 2);
 }
 
@@ -1722,6 +1723,370 @@ void TestManifest() {
   CHECK(ParseV1ShardFileName("emb-00002-of-00003.dynemb", "emb", &index, &shards));
   CHECK(index == 2 && shards == 3);
   CHECK(!ParseV1ShardFileName("emb-00002-of-00003." + id + ".dynemb", "emb", &index, &shards));
+}
+
+// ---- Change tracking (table.h "Change tracking") ----
+
+// What ExportChanges reported for a window of an int64 -> float32 table.
+struct Changes {
+  std::map<int64_t, std::vector<float>> rows;
+  std::set<int64_t> removed;
+  bool complete = false;
+  int64_t row_visits = 0;  // rows handed to the sink (each key at most once)
+};
+
+Changes ChangesOf(Table& t, const ChangeMark& since, const ChangeMark& until) {
+  Changes c;
+  const int64_t dim = t.options().dim;
+  CHECK_OK(t.ExportChanges(
+      since, until, 3,
+      [&](const void* keys, int64_t n, const void* values, const uint64_t*) {
+        CHECK(n >= 1 && n <= 3);
+        const int64_t* k = static_cast<const int64_t*>(keys);
+        const float* v = static_cast<const float*>(values);
+        for (int64_t i = 0; i < n; ++i) {
+          CHECK(c.rows.emplace(k[i], std::vector<float>(v + i * dim, v + (i + 1) * dim)).second);
+          ++c.row_visits;
+        }
+        return Status::Ok();
+      },
+      [&](const void* keys, int64_t n) {
+        const int64_t* k = static_cast<const int64_t*>(keys);
+        for (int64_t i = 0; i < n; ++i) CHECK(c.removed.insert(k[i]).second);
+        return Status::Ok();
+      },
+      &c.complete));
+  return c;
+}
+
+ChangeMark MarkOf(Table& t) {
+  ChangeMark m;
+  CHECK_OK(t.Mark(&m));
+  return m;
+}
+
+void TestChangeTracking(const Runner& runner) {
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 2);
+  const ChangeMark m0 = MarkOf(*t);
+  std::vector<int64_t> keys;
+  std::vector<float> values;
+  for (int64_t i = 0; i < 100; ++i) {
+    keys.push_back(i);
+    values.push_back(static_cast<float>(i));
+    values.push_back(-static_cast<float>(i));
+  }
+  CHECK_OK(t->Insert(keys.data(), 100, values.data(), nullptr, runner));
+  const ChangeMark m1 = MarkOf(*t);
+  CHECK(m1.epoch == m0.epoch && m1.stamp >= m0.stamp + 100);
+  Changes all = ChangesOf(*t, m0, m1);
+  CHECK(all.complete && all.rows.size() == 100 && all.removed.empty());
+  CHECK(all.rows.at(7) == std::vector<float>({7, -7}));
+  // An empty window: nothing.
+  Changes none = ChangesOf(*t, m1, m1);
+  CHECK(none.complete && none.rows.empty() && none.removed.empty());
+
+  // Overwrite 3, accum into 4 and a new 200, remove 5 and 6 (and absent
+  // 300), remove 8 then write it again; reads (scores refreshed or not) are
+  // no writes.
+  const int64_t over[] = {3};
+  const float over_row[] = {30, 30};
+  CHECK_OK(t->Insert(over, 1, over_row, nullptr, runner));
+  const int64_t acc[] = {4, 200};
+  const float deltas[] = {1, 1, 2, 2};
+  const bool exists[] = {true, false};
+  CHECK_OK(t->Accum(acc, 2, deltas, exists, runner));
+  const int64_t gone[] = {5, 6, 300, 8};
+  CHECK_OK(t->Remove(gone, 4, runner));
+  const int64_t again[] = {8};
+  const float again_row[] = {80, 80};
+  CHECK_OK(t->Insert(again, 1, again_row, nullptr, runner));
+  float read[20];
+  const float def[2] = {0, 0};
+  CHECK_OK(t->Find(keys.data(), 10, read, nullptr, def, false, runner));
+  const ChangeMark m2 = MarkOf(*t);
+  Changes window = ChangesOf(*t, m1, m2);
+  CHECK(window.complete);
+  CHECK(window.rows.size() == 4);
+  CHECK(window.rows.at(3) == std::vector<float>({30, 30}));
+  CHECK(window.rows.at(4) == std::vector<float>({5, -3}));
+  CHECK(window.rows.at(200) == std::vector<float>({2, 2}));
+  CHECK(window.rows.at(8) == std::vector<float>({80, 80}));
+  CHECK(window.removed == std::set<int64_t>({5, 6}));
+  // The two windows together: everything since m0, each key once; a key
+  // written in the first window and removed in the second is a tombstone.
+  Changes both = ChangesOf(*t, m0, m2);
+  CHECK(both.complete && both.rows.size() == 99 && both.removed == std::set<int64_t>({5, 6}));
+  // Marks in the wrong order are an error naming both stamps.
+  Changes unused;
+  const Status backwards = t->ExportChanges(
+      m2, m1, 3, [](const void*, int64_t, const void*, const uint64_t*) { return Status::Ok(); },
+      [](const void*, int64_t) { return Status::Ok(); }, &unused.complete);
+  CHECK(backwards.code() == StatusCode::kInvalidArgument &&
+        backwards.message().find(std::to_string(m2.stamp)) != std::string::npos);
+
+  // ApplyRule (training write-back on a slot table) stamps its rows.
+  auto slots = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1);
+  const ChangeMark s0 = MarkOf(*slots);
+  const int64_t rk[] = {11};
+  const float rrows[] = {1}, rgrads[] = {1}, rinit[] = {0};
+  const float rcoef[] = {0.1f, 0.9f};
+  float rout[1];
+  RuleStep step;
+  step.rule = UpdateRule::kKerasMomentum;
+  step.dim = 1;
+  step.coefficients = rcoef;
+  step.rows = rrows;
+  step.grads = rgrads;
+  step.new_rows = rout;
+  CHECK_OK(slots->ApplyRule(rk, 1, rinit, step, runner));
+  const ChangeMark s1 = MarkOf(*slots);
+  CHECK(ChangesOf(*slots, s0, s1).rows.count(11) == 1);
+
+  // Clear starts a new epoch: the changes since an older mark are unknown.
+  t->Clear();
+  const ChangeMark m3 = MarkOf(*t);
+  CHECK(m3.epoch != m2.epoch);
+  CHECK(!ChangesOf(*t, m2, m3).complete);
+  CHECK(ChangesOf(*t, m3, MarkOf(*t)).complete);
+
+  // A table made without tracking says so.
+  TableOptions o;
+  o.dim = 2;
+  o.track_changes = false;
+  Status s;
+  std::unique_ptr<Table> untracked = NewCpuTable(o, &s);
+  CHECK_OK(s);
+  ChangeMark mark;
+  const Status refused = untracked->Mark(&mark);
+  CHECK(refused.code() == StatusCode::kFailedPrecondition &&
+        refused.message().find("track_changes") != std::string::npos);
+}
+
+// Evictions of a bounded table are tombstones; a tombstone log that had to
+// drop entries makes older windows unknown (never wrong).
+void TestChangeTrackingBounded(const Runner& runner) {
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1, EvictStrategy::kLru, 256);
+  std::vector<int64_t> keys(256);
+  std::vector<float> values(256, 1.0f);
+  for (int64_t i = 0; i < 256; ++i) keys[i] = i;
+  CHECK_OK(t->Insert(keys.data(), 256, values.data(), nullptr, runner));
+  const ChangeMark m0 = MarkOf(*t);
+  std::vector<int64_t> fresh(32);
+  for (int64_t i = 0; i < 32; ++i) fresh[i] = 1000 + i;
+  std::vector<int64_t> evicted_keys(32);
+  EvictedEntries evicted;
+  evicted.keys = evicted_keys.data();
+  CHECK_OK(t->InsertAndEvict(fresh.data(), 32, values.data(), nullptr, &evicted, runner));
+  CHECK(t->Size() <= 256);
+  const ChangeMark m1 = MarkOf(*t);
+  Changes c = ChangesOf(*t, m0, m1);
+  CHECK(c.complete);
+  std::set<int64_t> want_removed;
+  evicted_keys.resize(static_cast<size_t>(evicted.count));
+  for (int64_t k : evicted_keys) {
+    if (k < 1000) want_removed.insert(k);
+  }
+  CHECK(!want_removed.empty());
+  CHECK(c.removed == want_removed);
+  for (const auto& row : c.rows) CHECK(row.first >= 1000);
+  // Every present key of the window is in it, and nothing removed is.
+  std::vector<float> out(32);
+  std::unique_ptr<bool[]> found(new bool[32]);
+  const float def = -1;
+  CHECK_OK(t->FindRows(fresh.data(), 32, out.data(), found.get(), &def, false, false, runner));
+  for (int64_t i = 0; i < 32; ++i) CHECK(found[i] == (c.rows.count(fresh[i]) == 1));
+
+  // Churn far past the log's bound: the old window is now unknown, a window
+  // opened just before the last batch is still exact.
+  auto u = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1, EvictStrategy::kLru, 128);
+  const ChangeMark u0 = MarkOf(*u);
+  ChangeMark before_last;
+  for (int64_t round = 0; round < 200; ++round) {
+    std::vector<int64_t> batch(64);
+    for (int64_t i = 0; i < 64; ++i) batch[i] = round * 64 + i;
+    if (round == 199) before_last = MarkOf(*u);
+    CHECK_OK(u->Insert(batch.data(), 64, values.data(), nullptr, runner));
+  }
+  const ChangeMark u1 = MarkOf(*u);
+  CHECK(!ChangesOf(*u, u0, u1).complete);
+  Changes last = ChangesOf(*u, before_last, u1);
+  CHECK(last.complete && last.rows.size() == 64 && last.removed.size() == 64);
+  // Memory stays bounded by the table's size, not by the churn.
+  CHECK(u->MemoryBytes() < int64_t{1} << 22);
+}
+
+// Concurrent writers and marks: every write lands in exactly one window.
+void TestChangeMarksUnderWriters() {
+  auto t = MakeTable(KeyType::kInt64, ValueType::kFloat32, 1);
+  ThreadRunner runner(2);
+  std::atomic<bool> stop{false};
+  std::vector<ChangeMark> marks{MarkOf(*t)};
+  const int kWriters = 3, kBatch = 50;
+  std::atomic<int64_t> batches{0};
+  std::thread marker([&] {
+    while (!stop.load()) {
+      marks.push_back(MarkOf(*t));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  RunThreads(kWriters, [&](int w) {
+    SerialRunner serial;
+    std::vector<float> v(kBatch, 1.0f);
+    for (int64_t b = 0; b < 200; ++b) {
+      std::vector<int64_t> keys(kBatch);
+      for (int i = 0; i < kBatch; ++i) keys[i] = (w * 1000000) + b * kBatch + i;
+      CHECK_OK(t->Insert(keys.data(), kBatch, v.data(), nullptr, b % 2 ? static_cast<const Runner&>(serial) : runner));
+      ++batches;
+    }
+  });
+  stop = true;
+  marker.join();
+  marks.push_back(MarkOf(*t));
+  CHECK(marks.size() > 2);
+  std::set<int64_t> seen;
+  for (size_t i = 0; i + 1 < marks.size(); ++i) {
+    Changes c = ChangesOf(*t, marks[i], marks[i + 1]);
+    CHECK(c.complete);
+    for (const auto& row : c.rows) CHECK(seen.insert(row.first).second);
+    // A batch is never split across windows.
+    std::map<int64_t, int> per_batch;
+    for (const auto& row : c.rows) ++per_batch[row.first / kBatch];
+    for (const auto& b : per_batch) CHECK(b.second == kBatch);
+  }
+  CHECK(static_cast<int64_t>(seen.size()) == kWriters * 200 * kBatch);
+}
+
+// SaveChanges writes two files that LoadTable applies to a copy of the table
+// as of the window's start, making it equal to the table at its end.
+void TestSaveChangesRoundTrip(const Runner& runner) {
+  for (KeyType kt : {KeyType::kInt64, KeyType::kString}) {
+    auto t = MakeTable(kt, ValueType::kFloat32, 2);
+    auto copy = MakeTable(kt, ValueType::kFloat32, 2);
+    std::vector<int64_t> ikeys;
+    std::vector<std::string> skeys;
+    for (int64_t i = 0; i < 500; ++i) {
+      ikeys.push_back(i * 31);
+      skeys.push_back("key-" + std::to_string(i * 31));
+    }
+    std::vector<std::string_view> views(skeys.begin(), skeys.end());
+    const auto keys = [&](int64_t from) -> const void* {
+      return kt == KeyType::kString ? static_cast<const void*>(views.data() + from)
+                                    : static_cast<const void*>(ikeys.data() + from);
+    };
+    std::vector<float> values(1000);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+    CHECK_OK(t->Insert(keys(0), 400, values.data(), nullptr, runner));
+    MemorySink full;
+    CHECK_OK(SaveTable(*t, 64, &full));
+    MemorySource full_source(full.data);
+    CHECK_OK(LoadTable({&full_source}, *copy, LoadOptions{100, true}, runner));
+    const ChangeMark since = MarkOf(*t);
+    CHECK_OK(t->Insert(keys(350), 150, values.data() + 2, nullptr, runner));  // 50 over, 100 new
+    CHECK_OK(t->Remove(keys(0), 120, runner));
+    const ChangeMark until = MarkOf(*t);
+    MemorySink rows, removed;
+    SavedFile rows_saved, removed_saved;
+    bool complete = false;
+    SaveOptions options;
+    options.chunk_rows = 16;
+    options.save_id = NewSaveId();
+    CHECK_OK(SaveChanges(*t, since, until, options, &rows, &removed, &rows_saved, &removed_saved,
+                         &complete));
+    CHECK(complete && rows.closed && removed.closed);
+    CHECK(rows_saved.rows == 150 && removed_saved.rows == 120);
+    // The size bound of the issue: rows x (key + values) + keys, plus the
+    // fixed header, block heads and footer.
+    if (kt == KeyType::kInt64) {
+      CHECK(rows.data.size() <= 150 * (8 + 8) * 11 / 10 + 256);
+      CHECK(removed.data.size() <= 120 * 8 * 11 / 10 + 256);
+    }
+    // Removals first, then rows.
+    MemorySource removed_source(removed.data), rows_source(rows.data);
+    CHECK_OK(LoadTable({&removed_source}, *copy, LoadOptions{100, false}, runner));
+    CHECK_OK(LoadTable({&rows_source}, *copy, LoadOptions{100, false}, runner));
+    CHECK(copy->Size() == t->Size() && copy->Size() == 380);
+    std::vector<float> a(1000), b(1000);
+    std::unique_ptr<bool[]> ea(new bool[500]), eb(new bool[500]);
+    const float def[2] = {-1, -1};
+    CHECK_OK(t->Find(keys(0), 500, a.data(), ea.get(), def, false, runner));
+    CHECK_OK(copy->Find(keys(0), 500, b.data(), eb.get(), def, false, runner));
+    CHECK(a == b);
+    for (int i = 0; i < 500; ++i) CHECK(ea[i] == eb[i] && ea[i] == (i >= 120));
+    // A damaged delta file is refused and leaves the copy as it was.
+    std::string bad = rows.data;
+    bad[bad.size() / 2] ^= 0x10;
+    MemorySource bad_source(bad);
+    const int64_t before = copy->Size();
+    CHECK(!LoadTable({&bad_source}, *copy, LoadOptions{100, false}, runner).ok());
+    CHECK(copy->Size() == before);
+    // A file without the row layouts of version 3 still says version 2.
+    CHECK(full.data[8] == 2 && rows.data[8] == 3 && removed.data[8] == 3);
+  }
+}
+
+void TestDeltaManifest() {
+  DeltaManifest m;
+  m.base_id = NewSaveId();
+  m.base_serial = 3;
+  m.sequence = 12;
+  m.save_id = NewSaveId();
+  DeltaItem table;
+  table.identity = "model%2Femb";
+  table.key_type = KeyType::kInt64;
+  table.value_type = ValueType::kFloat32;
+  table.dim = 8;
+  table.num_shards = 2;
+  table.replace = false;
+  DeltaItem dense;
+  dense.dense = true;
+  dense.identity = "dense%2Fkernel";
+  dense.alt = "variables%2F3";
+  dense.shape = {16, 1};
+  m.items = {table, dense};
+  for (int32_t shard = 0; shard < 2; ++shard) {
+    for (DeltaRole role : {DeltaRole::kRows, DeltaRole::kRemoved}) {
+      m.files.push_back(DeltaFile{0, role, shard,
+                                  DeltaFileStem(3, 12, 0, role, shard) + "." + m.save_id + ".dynemb",
+                                  100u + shard, 7u, 0xabcdef01u});
+    }
+  }
+  m.files.push_back(DeltaFile{1, DeltaRole::kDense, 0,
+                              DeltaFileStem(3, 12, 1, DeltaRole::kDense, 0) + "." + m.save_id +
+                                  ".dynemb",
+                              64, 16, 1});
+  const std::string text = SerializeDeltaManifest(m);
+  DeltaManifest back;
+  CHECK_OK(ParseDeltaManifest(text, &back));
+  CHECK(back.base_id == m.base_id && back.base_serial == 3 && back.sequence == 12);
+  CHECK(back.items.size() == 2 && !back.items[0].replace && back.items[0].num_shards == 2);
+  CHECK(back.items[1].dense && back.items[1].alt == "variables%2F3" &&
+        back.items[1].shape == std::vector<int64_t>({16, 1}));
+  CHECK(back.files.size() == 5 && back.files[3].role == DeltaRole::kRemoved &&
+        back.files[3].digest == 0xabcdef01u);
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::string damaged = text;
+    damaged[i] = static_cast<char>(damaged[i] ^ 0x04);
+    CHECK(!ParseDeltaManifest(damaged, &back).ok());
+    CHECK(!ParseDeltaManifest(text.substr(0, i), &back).ok());
+  }
+  // An item missing one of its files is damaged.
+  DeltaManifest missing = m;
+  missing.files.erase(missing.files.begin() + 1);
+  const Status s = ParseDeltaManifest(SerializeDeltaManifest(missing), &back);
+  CHECK(s.code() == StatusCode::kDataLoss && s.message().find("removed") != std::string::npos);
+  // Names.
+  uint64_t serial = 0, sequence = 0;
+  CHECK(DeltaManifestName(3, 12) == "delta-000003-00000012.dynemb-delta");
+  CHECK(ParseDeltaManifestName("delta-000003-00000012.dynemb-delta", &serial, &sequence));
+  CHECK(serial == 3 && sequence == 12);
+  CHECK(!ParseDeltaManifestName("delta-000003-00000012.dynemb-delta.tmp-" + m.save_id, &serial,
+                                &sequence));
+  CHECK(ParseDeltaFileName(m.files[0].name, &serial, &sequence) && sequence == 12);
+  CHECK(ParseDeltaFileName("delta-000003-00000013.dynemb-delta.tmp-" + m.save_id, &serial,
+                           &sequence) && sequence == 13);
+  CHECK(!ParseDeltaFileName("delta-000003-00000013-0000-bogus-00000." + m.save_id + ".dynemb",
+                            &serial, &sequence));
+  CHECK(!ParseDeltaFileName("emb-00000-of-00001." + m.save_id + ".dynemb", &serial, &sequence));
 }
 
 }  // namespace
@@ -1774,6 +2139,13 @@ int main() {
       {"apply_rule/threads", [&] { TestApplyRule(threads); }},
       {"apply_rule_errors", TestApplyRuleErrors},
       {"apply_rule_concurrent", TestApplyRuleConcurrent},
+      {"change_tracking/serial", [&] { TestChangeTracking(serial); }},
+      {"change_tracking/threads", [&] { TestChangeTracking(threads); }},
+      {"change_tracking_bounded/serial", [&] { TestChangeTrackingBounded(serial); }},
+      {"change_tracking_bounded/threads", [&] { TestChangeTrackingBounded(threads); }},
+      {"change_marks_under_writers", TestChangeMarksUnderWriters},
+      {"save_changes_round_trip", [&] { TestSaveChangesRoundTrip(threads); }},
+      {"delta_manifest", TestDeltaManifest},
   };
   const char* only = std::getenv("CORE_TEST_ONLY");
   int failed = 0;
