@@ -335,8 +335,13 @@ class WriteDeltaManifestOp final : public tensorflow::OpKernel {
                                     "\nsequence ", sequence, "\nsave_id ", save_id, "\n");
     const auto items = ctx->input(5).flat<tensorflow::tstring>();
     const auto files = ctx->input(6).flat<tensorflow::tstring>();
-    for (int64_t i = 0; i < items.size(); ++i) absl::StrAppend(&text, items(i), "\n");
-    for (int64_t i = 0; i < files.size(); ++i) absl::StrAppend(&text, "file ", files(i), "\n");
+    // tstring as a string_view: TF 2.16's absl::StrAppend takes no tstring.
+    for (int64_t i = 0; i < items.size(); ++i) {
+      absl::StrAppend(&text, absl::string_view(items(i).data(), items(i).size()), "\n");
+    }
+    for (int64_t i = 0; i < files.size(); ++i) {
+      absl::StrAppend(&text, "file ", absl::string_view(files(i).data(), files(i).size()), "\n");
+    }
     // Through the parser: a manifest this op writes always reads back.
     DeltaManifest manifest;
     const Status parsed = ParseDeltaManifest(WithCrcLine(text), &manifest);
