@@ -148,21 +148,21 @@ def save_slices(entries, file_prefix: tf.Tensor, stream_device) -> List[tf.Tenso
         ]
 
 
-def sliced_objects(paths: List[str], prefix: tf.Tensor) -> Dict[str, Tuple[int, bool]]:
+def sliced_objects(
+    paths: List[str], prefix: str, dtypes: Optional[Dict[str, tf.DType]]
+) -> Dict[str, Tuple[int, bool]]:
     """`{object path: (number of slices, whether they hold scores)}` of the objects at
     `paths` that the checkpoint at `prefix` holds as per-worker slices.
 
+    Args:
+      dtypes: the checkpoint's tensors, `{key: dtype}`; None when `prefix` is not
+        known while building (a restore in a TF1 graph or a tf.function): then none.
+
     Raises:
-      ValueError: the checkpoint holds slices, but `prefix` is not known while building
-        (a restore in a TF1 graph or a tf.function), or a slice is missing.
+      ValueError: a slice is missing.
     """
-    value = tf.get_static_value(prefix)
-    if value is None:
+    if dtypes is None:
         return {}
-    prefix = value.decode() if isinstance(value, bytes) else str(value)
-    # The reader itself, not tf.train.load_checkpoint: that takes a prefix its file
-    # system calls a directory (ram://, where any name prefix is one) for a folder.
-    dtypes = tf.compat.v1.train.NewCheckpointReader(prefix).get_variable_to_dtype_map()
     found: Dict[str, Dict[int, int]] = {}
     for key in dtypes:
         match = _SLICE_KEY.match(key)

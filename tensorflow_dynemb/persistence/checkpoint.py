@@ -183,27 +183,37 @@ def _split_file_savers(trackables: Dict[str, object]):
     return with_files, {n: o for n, o in trackables.items() if n not in names}
 
 
-def _split_by_recorded_content(with_files, merged_prefix):
+def _recorded_tensors(merged_prefix: tf.Tensor):
+    """`(prefix, {key: dtype})` of the checkpoint being restored, read from its index
+    once; `(None, None)` when the prefix is not known while building (a restore in a
+    TF1 graph or a tf.function)."""
+    value = tf.get_static_value(merged_prefix)
+    if value is None:
+        return None, None
+    prefix = os.fsdecode(value)
+    # The reader itself, not tf.train.load_checkpoint: that takes a prefix its file
+    # system calls a directory (ram://, where any name prefix is one) for a folder.
+    return prefix, tf.compat.v1.train.NewCheckpointReader(prefix).get_variable_to_dtype_map()
+
+
+def _split_by_recorded_content(with_files, prefix, recorded):
     """`(with_files, inline)`: of the objects with a `de.FileSystemSaver`, those whose
     checkpoint records a save id (their content is in files), and, by name, those whose
     checkpoint holds their content itself: a SavedModel's variables (SavedModels keep
     the content inside them, saver or not), or a checkpoint written before the saver
-    was given. Known when the prefix is (eager restores, as Keras' `load_weights`); a
-    restore traced with a symbolic prefix expects files.
+    was given. `recorded`: the checkpoint's tensors (`_recorded_tensors`), known when
+    the prefix is (eager restores, as Keras' `load_weights`); without them (None) a
+    restore expects files.
 
     Raises:
       ValueError: content held inside the checkpoint for a saver of several processes
         (`proc_size` > 1): which process wrote it is not recorded."""
-    prefix = tf.get_static_value(merged_prefix)
-    if prefix is None or not with_files:
+    if recorded is None or not with_files:
         return with_files, {}
-    # The reader itself, not tf.train.load_checkpoint: that takes a prefix its file
-    # system calls a directory (ram://, where any name prefix is one) for a folder.
-    reader = tf.compat.v1.train.NewCheckpointReader(os.fsdecode(prefix))
     files, inline = [], {}
     for name, obj in with_files:
         key = _trackable_utils.checkpoint_key(_object_path(name), file_saver.CKPT_SAVE_ID)
-        if reader.has_tensor(key):
+        if key in recorded:
             files.append((name, obj))
             continue
         config = _file_saver(obj).config
@@ -211,7 +221,7 @@ def _split_by_recorded_content(with_files, merged_prefix):
             # The content inside is one process's part, which no key says: restored
             # into another rank it would put that rank's keys in the wrong process.
             raise ValueError(
-                f"{name!r}: the checkpoint {os.fsdecode(prefix)!r} holds the content of "
+                f"{name!r}: the checkpoint {prefix!r} holds the content of "
                 "this variable itself (a SavedModel's variables do), written by one of "
                 f"the {config.proc_size} processes of its de.FileSystemSaver(proc_size="
                 f"{config.proc_size}), which it does not record; restoring it into rank "
@@ -347,11 +357,12 @@ def _restore_streaming(trackables: Dict[str, object], merged_prefix: tf.Tensor) 
     tables it can (DynembRestoreTablesFromBundle); reads the other objects' whole
     tensors (TF assembles streamed slices) for their `_restore_from_tensors`."""
     with_files, trackables = _split_file_savers(trackables)
-    with_files, inline = _split_by_recorded_content(with_files, merged_prefix)
+    prefix, recorded = _recorded_tensors(merged_prefix)
+    with_files, inline = _split_by_recorded_content(with_files, prefix, recorded)
     trackables.update(inline)
     # Checkpoints of model-parallel variables hold every worker's slice: read them all.
     paths = {_object_path(name): name for name in trackables}
-    for path, (num, with_scores) in _slices.sliced_objects(list(paths), merged_prefix).items():
+    for path, (num, with_scores) in _slices.sliced_objects(list(paths), prefix, recorded).items():
         obj = trackables.pop(paths[path])
         tables = getattr(obj, _TABLES_HOOK)().tables
         dtypes = (tables[0].key_dtype, tables[0].value_dtype)
