@@ -1,6 +1,7 @@
 """End-to-end Keras training throughput: ours beside TFRA, same model, same data.
 
-    python benchmarks/keras_train.py [--impls ours,tfra] [--layout per-feature|shared]
+    python benchmarks/keras_train.py [--impls ours,keras-vocab,keras-hashed,ceiling,tfra]
+        [--layout per-feature|shared] [--steady] [--keras auto|keras3|tf_keras]
         [--rounds 3] [--warmup 20] [--steps 150] [--out benchmarks/results/keras_train_<tag>.json]
 
 Model (Criteo-like): 26 categorical features, each an int64 id drawn with power-law
@@ -15,18 +16,31 @@ the demo do; `shared`: one layer over a `[batch, 26]` input, with the feature nu
 in the key's high bits.
 
 Implementations (one fresh child process each, alternated `--rounds` times so that
-both see the same load):
+all see the same load; by default ours and the three Keras baselines, and TFRA when
+it is installed):
 - `ours`: `tensorflow_dynemb.keras.layers.Embedding` + `de.DynamicEmbeddingOptimizer`.
+- `keras-vocab`: what a Keras user builds when the id set is known in advance:
+  `IntegerLookup(vocabulary=<the exact ids the run will see>)` + `keras.layers.Embedding`.
+- `keras-hashed`: the hashing trick: `Hashing(2**20)` + `Embedding(2**20, 16)` (per
+  embedding; collisions allowed).
+- `ceiling`: no embedding at all: the same MLP, loss, optimizer and input pipeline with a
+  constant `[batch, 26, 16]` tensor where the embedding rows were. Ours / ceiling is the
+  share of a step the embedding layer leaves to the rest of the model (target >= 0.85).
 - `ours-untracked`: `ours` with `de.HashTableCreator(track_changes=False)` tables:
   `--impls ours,ours-untracked` measures what change tracking (online learning's
   deltas, docs/online_learning.md) costs the training step.
 - `tfra`: `tensorflow_recommenders_addons.dynamic_embedding.keras.layers.Embedding` +
-  TFRA's `DynamicEmbeddingOptimizer` (needs TF 2.16 and `TF_USE_LEGACY_KERAS=1`; the
-  script sets it for every child when TFRA is importable, so ours runs under tf_keras
-  too in that comparison).
+  TFRA's `DynamicEmbeddingOptimizer` (needs TF 2.16 and tf_keras: when tfra runs, every
+  child runs under `TF_USE_LEGACY_KERAS=1`, ours too). `--keras tf_keras|keras3` picks
+  the Keras of a run without TFRA.
+
+The Keras baselines use plain `keras.optimizers.Adam(1e-3)`; ours and TFRA wrap it in
+their `DynamicEmbeddingOptimizer`. The parent prints each round, then each ratio per
+round (ours over each other implementation run) and its median.
 
 Throughput: examples/s over the steps after `--warmup` (from the end of the warm-up
-step to the return of `fit`, which waits for the last step). Regimes: by default every
+step to the end of the last step; `fit`'s teardown after it is recorded apart, as
+`fit_teardown_seconds`). Regimes: by default every
 batch is new (the tables keep growing); `--steady` cycles the measured steps over the
 warm-up's batches, so no key is new (later epochs). TF's default thread pools unless
 `--threads` / `--inter-threads` are given. Results: a JSON file per (TF version, layout,
@@ -87,44 +101,129 @@ def make_batches(steps, seed=0, layout="per-feature"):
 # ---------------------------------------------------------------------------------------
 
 
-def build_model(impl, layout):
+KERAS_BASELINES = ("keras-vocab", "keras-hashed", "ceiling")
+HASH_BINS = 2 ** 20
+
+
+def _embedding_layers(impl, vocabularies):
+    """`layer_cls(name)`: a callable from int64 ids to `[..., DIM]` rows, for one
+    embedding (one feature's, or the shared one) of implementation `impl`.
+
+    `vocabularies(name)` gives the exact ids the static-vocabulary baseline must know."""
     import tensorflow as tf
 
-    if impl in ("ours", "ours-untracked"):
-        import functools
-
-        import tensorflow_dynemb as de
-
-        layer_cls = de.keras.layers.Embedding
-        if impl == "ours-untracked":  # tables without change tracking (online learning)
-            layer_cls = functools.partial(
-                layer_cls, kv_creator=de.HashTableCreator(track_changes=False))
-        wrap = de.DynamicEmbeddingOptimizer
-    else:
-        import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
-
-        layer_cls = tfra_de.keras.layers.Embedding
-        wrap = tfra_de.DynamicEmbeddingOptimizer
     keras = tf.keras
     init = keras.initializers.RandomNormal(0.0, 0.01)
+    if impl in ("ours", "ours-untracked"):
+        import tensorflow_dynemb as de
+
+        kw = {}
+        if impl == "ours-untracked":  # tables without change tracking (online learning)
+            kw["kv_creator"] = de.HashTableCreator(track_changes=False)
+        return lambda name: de.keras.layers.Embedding(DIM, initializer=init, name=name, **kw)
+    if impl == "tfra":
+        import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
+
+        return lambda name: tfra_de.keras.layers.Embedding(DIM, initializer=init, name=name)
+    if impl == "keras-vocab":  # what a Keras user builds over a known id set
+        def vocab_embedding(name):
+            vocab = vocabularies(name)
+            lookup = keras.layers.IntegerLookup(vocabulary=vocab, num_oov_indices=1, name=f"{name}_lookup")
+            table = keras.layers.Embedding(len(vocab) + 1, DIM, embeddings_initializer=init, name=name)
+            return lambda x: table(lookup(x))
+        return vocab_embedding
+    if impl == "keras-hashed":  # the hashing trick: a fixed table, collisions allowed
+        def hashed_embedding(name):
+            hashing = keras.layers.Hashing(HASH_BINS, name=f"{name}_hash")
+            table = keras.layers.Embedding(HASH_BINS, DIM, embeddings_initializer=init, name=name)
+            return lambda x: table(hashing(x))
+        return hashed_embedding
+    raise ValueError(f"impl: unknown implementation {impl!r}")
+
+
+def _fixed_rows_layer():
+    """The ceiling's stand-in for the embedding: a constant `[batch, n, DIM]` tensor, so
+    the MLP, the loss and the input pipeline are the model's, and no embedding runs."""
+    import numpy as np
+    import tensorflow as tf
+
+    class FixedRows(tf.keras.layers.Layer):
+        def __init__(self, n, **kwargs):
+            super().__init__(**kwargs)
+            self.n = n
+            rng = np.random.default_rng(0)
+            self.rows = tf.constant(rng.normal(0.0, 0.01, (n, DIM)).astype(np.float32))
+
+        def call(self, ids):
+            batch = tf.shape(ids)[0]
+            return tf.broadcast_to(self.rows[None], tf.stack([batch, self.n, DIM]))
+
+    return FixedRows
+
+
+def build_model(impl, layout, vocabularies=None):
+    """The benchmark's model for `impl`; `vocabularies(name)` (keras-vocab only) gives the
+    exact ids of embedding `name` (`emb` shared, `emb{i}` per feature)."""
+    import tensorflow as tf
+
+    keras = tf.keras
     if layout == "shared":
         inputs = keras.Input(shape=(FEATURES,), dtype="int64", name="ids")
-        rows = layer_cls(DIM, initializer=init, name="emb")(inputs)
-        x = keras.layers.Flatten()(rows)
         model_inputs = inputs
     else:
         model_inputs = [keras.Input(shape=(1,), dtype="int64", name=f"f{i}") for i in range(FEATURES)]
-        rows = [layer_cls(DIM, initializer=init, name=f"emb{i}")(x) for i, x in enumerate(model_inputs)]
+    if impl == "ceiling":
+        ids = inputs if layout == "shared" else model_inputs[0]
+        x = keras.layers.Flatten()(_fixed_rows_layer()(FEATURES, name="fixed_rows")(ids))
+    elif layout == "shared":
+        rows = _embedding_layers(impl, vocabularies)("emb")(inputs)
+        x = keras.layers.Flatten()(rows)
+    else:
+        make = _embedding_layers(impl, vocabularies)
+        rows = [make(f"emb{i}")(x) for i, x in enumerate(model_inputs)]
         x = keras.layers.Flatten()(keras.layers.Concatenate(axis=1)(rows))
     x = keras.layers.Dense(64, activation="relu")(x)
     x = keras.layers.Dense(32, activation="relu")(x)
     logits = keras.layers.Dense(1)(x)
     model = keras.Model(model_inputs, logits)
-    model.compile(
-        optimizer=wrap(keras.optimizers.Adam(1e-3)),
-        loss=keras.losses.BinaryCrossentropy(from_logits=True),
-    )
+    optimizer = keras.optimizers.Adam(1e-3)
+    if impl in ("ours", "ours-untracked"):
+        import tensorflow_dynemb as de
+
+        optimizer = de.DynamicEmbeddingOptimizer(optimizer)
+    elif impl == "tfra":
+        import tensorflow_recommenders_addons.dynamic_embedding as tfra_de
+
+        optimizer = tfra_de.DynamicEmbeddingOptimizer(optimizer)
+    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
+
+
+def training_dataset(features, labels, repeat=True):
+    """The input pipeline: the pre-generated batches, repeated, 2 prefetched, with
+    tf.data's autotuning off. Autotuning's model thread sleeps between rounds of tuning
+    (up to seconds), and destroying the iterator at the end of `fit` waits for it to
+    wake: `fit` then returned 0-2 s after its last step, which made whole runs look half
+    as fast (docs/benchmarks.md, "Two speeds"). It would also take CPU from the steps."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((features, labels))
+    if repeat:
+        ds = ds.repeat()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.prefetch(2).with_options(options)
+
+
+def _percentiles_ms(seconds):
+    """{p10, p50, p90, max} of per-step durations, in milliseconds."""
+    import numpy as np
+
+    if len(seconds) == 0:
+        return {}
+    ms = np.asarray(seconds) * 1e3
+    return {"p10": round(float(np.percentile(ms, 10)), 2), "p50": round(float(np.percentile(ms, 50)), 2),
+            "p90": round(float(np.percentile(ms, 90)), 2), "max": round(float(ms.max()), 2)}
 
 
 def run_child(args):
@@ -142,20 +241,31 @@ def run_child(args):
         features = ids
     else:
         features = tuple(np.ascontiguousarray(ids[:, :, i : i + 1]) for i in range(FEATURES))
-    ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().prefetch(2)
-    model = build_model(args.impl, args.layout)
+    ds = training_dataset(features, labels)
+
+    def vocabularies(name):  # the exact ids embedding `name` sees (keras-vocab)
+        column = ids if name == "emb" else ids[:, :, int(name[len("emb"):])]
+        return np.unique(column)
+
+    model = build_model(args.impl, args.layout, vocabularies)
 
     marks = {}
+    step_ends = []
 
     class Timer(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
             if batch == args.warmup - 1:
-                marks["warm"] = time.perf_counter()
+                marks["warm"] = now
+            if batch >= args.warmup - 1:
+                step_ends.append(now)
 
     t0 = time.perf_counter()
     history = model.fit(ds, epochs=1, steps_per_epoch=total, verbose=0, callbacks=[Timer()])
-    end = time.perf_counter()
-    secs = end - marks["warm"]
+    returned = time.perf_counter()
+    # The window ends with the last step (a step's call returns once its ops ran: CPU
+    # execution is synchronous), not with `fit`, whose teardown is no training.
+    secs = step_ends[-1] - marks["warm"]
     # Both libraries' Keras layers keep their table in `params`.
     sizes = [int(l.params.size()) for l in model.layers if hasattr(l, "params")]
     result = {
@@ -170,11 +280,14 @@ def run_child(args):
         "batch": BATCH,
         "seconds": secs,
         "warmup_seconds": marks["warm"] - t0,
+        "fit_teardown_seconds": returned - step_ends[-1],
         "steps_per_s": args.steps / secs,
         "examples_per_s": args.steps * BATCH / secs,
         "final_loss": float(history.history["loss"][-1]),
         "table_keys": int(sum(sizes)),
         "cpu_seconds": time.process_time(),
+        # Per-step wall times (ms): a run uniformly slow vs. one with stalls.
+        "step_ms_percentiles": _percentiles_ms(np.diff(step_ends)),
     }
     print_result(result)
 
@@ -187,9 +300,13 @@ def run_child(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impls", default=None,
-                   help="comma list of ours,tfra,ours-untracked (default: ours, and tfra if "
-                        "installed); ours-untracked: tables made with track_changes=False, "
-                        "to measure what change tracking costs (docs/online_learning.md)")
+                   help="comma list of ours,ours-untracked,tfra,keras-vocab,keras-hashed,ceiling "
+                        "(default: ours and the three Keras baselines, and tfra if installed); "
+                        "ours-untracked: tables made with track_changes=False, to measure what "
+                        "change tracking costs (docs/online_learning.md)")
+    p.add_argument("--keras", default="auto", choices=["auto", "keras3", "tf_keras"],
+                   help="which Keras the children use (auto: tf_keras when tfra runs, else "
+                        "TF's default, Keras 3 from TF 2.16 on)")
     p.add_argument("--layout", default="per-feature", choices=["per-feature", "shared"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=20)
@@ -214,10 +331,21 @@ def main():
         return
 
     tfra = tfra_available()
-    impls = args.impls.split(",") if args.impls else (["ours", "tfra"] if tfra else ["ours"])
+    default = ["ours", *KERAS_BASELINES] + (["tfra"] if tfra else [])
+    impls = args.impls.split(",") if args.impls else default
+    unknown = sorted(set(impls) - {"ours", "ours-untracked", "tfra", *KERAS_BASELINES})
+    if unknown:
+        p.error(f"--impls: unknown {', '.join(unknown)}; expected a comma list of ours, "
+                f"ours-untracked, tfra, {', '.join(KERAS_BASELINES)}")
     env = dict(os.environ)
-    if tfra:  # TFRA's layers and optimizer need tf_keras: run every child under it
+    # TFRA's layers and optimizer need tf_keras: with TFRA in the run, every child uses it.
+    legacy = args.keras == "tf_keras" or (args.keras == "auto" and "tfra" in impls)
+    if "tfra" in impls and not legacy:
+        p.error("--keras keras3: TFRA 0.8.1 runs only under tf_keras")
+    if legacy:
         env["TF_USE_LEGACY_KERAS"] = "1"
+    elif args.keras == "keras3":
+        env["TF_USE_LEGACY_KERAS"] = "0"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     load_start = loadavg()
     runs = []
@@ -235,9 +363,11 @@ def main():
             res["round"] = r
             res["load_after"] = loadavg()
             runs.append(res)
-            print(f"round {r} {impl:5s}: {res['examples_per_s']:9.0f} examples/s "
+            print(f"round {r} {impl:12s}: {res['examples_per_s']:9.0f} examples/s "
                   f"({res['steps_per_s']:.2f} steps/s, loss {res['final_loss']:.4f}, "
-                  f"{res['table_keys']} keys, load {res['load_after']})", flush=True)
+                  f"{res['table_keys']} keys, step ms p10/p50/p90 "
+                  f"{'/'.join(str(v) for k, v in res['step_ms_percentiles'].items() if k != 'max')}, "
+                  f"load {res['load_after']})", flush=True)
 
     import tensorflow as tf
 
@@ -255,10 +385,16 @@ def main():
                 ratios.append(got[a]["examples_per_s"] / got[b]["examples_per_s"])
         return sorted(ratios)
 
-    comparisons = [  # (a, b, summary keys, label, target, digits)
+    comparisons = [  # (a, b, summary keys, label, target or None, digits)
         ("ours", "tfra", ("ratio_ours_over_tfra", "ratio_median"), "ours / TFRA", 3.0, 2),
         ("ours", "ours-untracked", ("ratio_tracked_over_untracked", "tracked_ratio_median"),
          "change tracking on / off", 0.95, 3),
+        ("ours", "ceiling", ("ratio_ours_over_ceiling", "ceiling_ratio_median"),
+         "ours / no-embedding ceiling", 0.85, 3),
+        ("ours", "keras-vocab", ("ratio_ours_over_keras_vocab", "keras_vocab_ratio_median"),
+         "ours / IntegerLookup+Embedding", None, 2),
+        ("ours", "keras-hashed", ("ratio_ours_over_keras_hashed", "keras_hashed_ratio_median"),
+         "ours / Hashing(2**20)+Embedding", None, 2),
     ]
     for a, b, (key, median_key), label, target, digits in comparisons:
         if a not in impls or b not in impls:
@@ -268,9 +404,11 @@ def main():
         if ratios:
             med = median(ratios)
             summary[median_key] = med
+            verdict = "" if target is None else (
+                f" (target >= {target:g}): {'PASS' if med >= target else 'FAIL'}"
+                f"; every round: {'PASS' if min(ratios) >= target else 'FAIL'}")
             print(f"{label} per round: {', '.join(f'{x:.{digits}f}' for x in ratios)}; "
-                  f"median {med:.{digits}f} (target >= {target:g}): "
-                  f"{'PASS' if med >= target else 'FAIL'}")
+                  f"median {med:.{digits}f}{verdict}")
     for impl, s in summary.items():
         if isinstance(s, dict):
             print(f"{impl}: examples/s {', '.join(f'{x:.0f}' for x in s['examples_per_s'])}; median {s['median']:.0f}")

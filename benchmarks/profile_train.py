@@ -1,7 +1,7 @@
 """Op-level profile of the `keras_train.py` training step (TF profiler, host plane).
 
     python benchmarks/profile_train.py [--impl ours|tfra] [--layout per-feature|shared]
-        [--warmup 10] [--steps 10] [--top 40]
+        [--warmup 10] [--steps 10] [--top 40] [--steady]
 
 Trains `--warmup` steps, then records `--steps` steps with `tf.profiler` and prints the
 time per op type summed over the TF executor's threads (so on 2 threads the total can
@@ -29,6 +29,8 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--steady", action="store_true",
+                   help="the profiled steps revisit the warm-up's batches (no new keys)")
     args = p.parse_args()
 
     import numpy as np
@@ -37,16 +39,16 @@ def main():
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     total = args.warmup + args.steps
-    ids, labels = keras_train.make_batches(total, layout=args.layout)
+    ids, labels = keras_train.make_batches(args.warmup if args.steady else total, layout=args.layout)
     if args.layout == "shared":
         feats = ids
     else:
         feats = tuple(np.ascontiguousarray(ids[:, :, i : i + 1]) for i in range(keras_train.FEATURES))
-    ds = tf.data.Dataset.from_tensor_slices((feats, labels))
+    ds = keras_train.training_dataset(feats, labels, repeat=args.steady)
     model = keras_train.build_model(args.impl, args.layout)
     warm = ds.take(args.warmup)
     model.fit(warm, epochs=1, verbose=0)
-    rest = ds.skip(args.warmup)
+    rest = ds.take(args.steps) if args.steady else ds.skip(args.warmup)
     logdir = tempfile.mkdtemp(prefix="prof_")
     tf.profiler.experimental.start(logdir)
     t0 = time.perf_counter()

@@ -41,7 +41,7 @@ def main():
         features = ids
     else:
         features = tuple(np.ascontiguousarray(ids[:, :, i : i + 1]) for i in range(keras_train.FEATURES))
-    ds = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().prefetch(2)
+    ds = keras_train.training_dataset(features, labels)
     model = keras_train.build_model("ours", args.layout)
     marks = []
 
