@@ -30,8 +30,17 @@ FUSED_CASES = {
     "tf_legacy_keras-sgd-nesterov", "tf_legacy_keras-sgd-momentum-decay",
     "tf_legacy_keras-adam", "tf_legacy_keras-adagrad",
     "tf1-momentum", "tf1-momentum-nesterov", "tf1-adam",
+    # Adam with amsgrad, Adamax and Nadam in both Keras; RMSprop and Adadelta in Keras 3
+    # (tf_keras spells them with rsqrt and (1 - rho) * g * g, which round differently).
+    "keras-adam-amsgrad-schedule", "keras-adamw-amsgrad", "tf_keras-adam-amsgrad-schedule",
+    "tf_keras-adamw-amsgrad", "keras-adamax", "tf_keras-adamax", "keras-nadam",
+    "keras-nadam-weight-decay", "tf_keras-nadam", "tf_keras-nadam-weight-decay",
+    "keras-rmsprop", "keras-rmsprop-momentum", "keras-rmsprop-centered",
+    "keras-rmsprop-centered-momentum", "keras-adadelta",
 }
 STEPS = 4
+# tf.keras is tf_keras (Keras 2) in this process.
+LEGACY_KERAS = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")
 
 
 def state_table(rule, dim, dtype):
@@ -192,8 +201,16 @@ def train(make_optimizer, shards, fused, steps=3):
         lambda: tf.keras.optimizers.Adagrad(0.1),
         lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
         lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+        lambda: tf.keras.optimizers.Adam(0.05, amsgrad=True),
+        lambda: tf.keras.optimizers.Adamax(0.05),
+        lambda: tf.keras.optimizers.Nadam(0.05),
+        pytest.param(lambda: tf.keras.optimizers.RMSprop(0.05, momentum=0.5, centered=True),
+                     marks=pytest.mark.skipif(LEGACY_KERAS, reason="tf_keras' RMSprop is unfused")),
+        pytest.param(lambda: tf.keras.optimizers.Adadelta(0.5),
+                     marks=pytest.mark.skipif(LEGACY_KERAS, reason="tf_keras' Adadelta is unfused")),
     ],
-    ids=["adam", "adamw", "adagrad", "nesterov", "tf1-adam"],
+    ids=["adam", "adamw", "adagrad", "nesterov", "tf1-adam", "amsgrad", "adamax", "nadam",
+         "rmsprop-centered-momentum", "adadelta"],
 )
 def test_training_fused_equals_unfused(make_optimizer, shards):
     fused = train(make_optimizer, shards, fused=True)

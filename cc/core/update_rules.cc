@@ -26,6 +26,14 @@ constexpr RuleInfo kRules[] = {
     {UpdateRule::kKerasNesterov, "keras_nesterov", 1, 2},
     {UpdateRule::kMomentum, "momentum", 1, 3},
     {UpdateRule::kNesterov, "nesterov", 1, 3},
+    {UpdateRule::kKerasAdamAmsgrad, "keras_adam_amsgrad", 3, 4},
+    {UpdateRule::kKerasAdamax, "keras_adamax", 2, 5},
+    {UpdateRule::kKerasRMSprop, "keras_rmsprop", 1, 4},
+    {UpdateRule::kKerasRMSpropMomentum, "keras_rmsprop_momentum", 2, 5},
+    {UpdateRule::kKerasRMSpropCentered, "keras_rmsprop_centered", 2, 4},
+    {UpdateRule::kKerasRMSpropCenteredMomentum, "keras_rmsprop_centered_momentum", 3, 5},
+    {UpdateRule::kKerasAdadelta, "keras_adadelta", 2, 4},
+    {UpdateRule::kKerasNadam, "keras_nadam", 2, 9},
 };
 
 const RuleInfo* Info(UpdateRule rule) {

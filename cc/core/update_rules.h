@@ -52,10 +52,46 @@ enum class UpdateRule : int {
   kMomentum = 6,
   // The same with use_nesterov:  w -= lr * g + (lr * momentum) * a
   kNesterov = 7,
+  // Keras 3 / tf_keras Adam, AdamW with amsgrad. Slots [m | v | vhat].
+  // Coefficients as kKerasAdam.
+  //   m, v as kKerasAdam;  vhat = max(vhat, v);  w -= (m * alpha) / (sqrt(vhat) + epsilon)
+  kKerasAdamAmsgrad = 8,
+  // Keras 3 / tf_keras Adamax. Slots [m | u].
+  // [lr, 1 - beta_1, beta_2, 1 - beta_1^t, epsilon]
+  //   m += (g - m) * (1 - beta_1);  u = max(beta_2 * u, |g|)
+  //   w -= (lr * m) / ((1 - beta_1^t) * (u + epsilon))
+  kKerasAdamax = 9,
+  // Keras 3 RMSprop (tf_keras writes rsqrt, which has no exact C++ twin).
+  // Slots [rms], [rms | momentum], [rms | mg], [rms | momentum | mg].
+  // [lr, rho, 1 - rho, epsilon] (+ [momentum] for the momentum forms)
+  //   rms = rho * rms + (1 - rho) * (g * g)
+  //   centered: mg = rho * mg + (1 - rho) * g;  d = rms - mg * mg + epsilon
+  //   else d = rms + epsilon;  inc = (lr * g) / sqrt(d)
+  //   momentum: mom = momentum * mom + inc;  w -= mom;  else w -= inc
+  kKerasRMSprop = 10,
+  kKerasRMSpropMomentum = 11,
+  kKerasRMSpropCentered = 12,
+  kKerasRMSpropCenteredMomentum = 13,
+  // Keras 3 Adadelta (tf_keras rounds (1 - rho) * g * g differently).
+  // Slots [accum_grad | accum_var]. [lr, rho, 1 - rho, epsilon]
+  //   ag = rho * ag + (1 - rho) * (g * g)
+  //   delta = -((sqrt(av + epsilon) * g) / sqrt(ag + epsilon))
+  //   av = rho * av + (1 - rho) * (delta * delta);  w += lr * delta
+  kKerasAdadelta = 14,
+  // Keras 3 / tf_keras Nadam. Slots [m | v].
+  // [lr, 1 - beta_1, 1 - beta_2, u_{t+1}, 1 - U_{t+1}, 1 - u_t, 1 - U_t,
+  //  1 - beta_2^t, epsilon]  (u, U: Nadam's momentum schedule and its product)
+  //   m += (g - m) * (1 - beta_1);  v += (g * g - v) * (1 - beta_2)
+  //   m_hat = (u_{t+1} * m) / (1 - U_{t+1}) + ((1 - u_t) * g) / (1 - U_t)
+  //   w -= (m_hat * lr) / (sqrt(v / (1 - beta_2^t)) + epsilon)
+  kKerasNadam = 15,
 };
 
 // "keras_adam", "adam_kernel", "keras_adagrad", "adagrad_v2",
-// "keras_momentum", "keras_nesterov", "momentum", "nesterov".
+// "keras_momentum", "keras_nesterov", "momentum", "nesterov",
+// "keras_adam_amsgrad", "keras_adamax", "keras_rmsprop", "keras_rmsprop_momentum",
+// "keras_rmsprop_centered", "keras_rmsprop_centered_momentum", "keras_adadelta",
+// "keras_nadam".
 bool ParseUpdateRule(std::string_view name, UpdateRule* rule);
 const char* UpdateRuleName(UpdateRule rule);
 // Slots per key (the state row is slots * dim wide) and coefficients of a rule.
@@ -77,66 +113,182 @@ struct RuleStep {
   void* new_rows = nullptr;     // receives the updated parameter rows
 };
 
-// Applies `step` to row i: reads rows/grads row i, updates `state` (one state
-// row) in place and writes new_rows row i. `coefficients` of type T.
+// The parameter value a rule starts from: Keras' weight decay first
+// (w -= (w * weight_decay) * lr) where the step has it.
+template <typename T>
+DYNEMB_HOST_DEVICE inline T DecayedWeight(T w, bool weight_decay, T decay, T decay_lr) {
+  return weight_decay ? w - (w * decay) * decay_lr : w;
+}
+
+template <typename T>
+DYNEMB_HOST_DEVICE inline T MaxOf(T a, T b) {  // TF's Maximum: a < b ? b : a
+  return a < b ? b : a;
+}
+
+// Applies `step` to one key: reads its parameter row `row` and gradient
+// `grad` (dim values each), updates its state row `state` (slots * dim
+// values) in place and writes the new parameter row to `out`.
+// `coefficients` of type T. The rule is chosen once per row and each rule's
+// loop is a plain loop over the row, which the compiler vectorizes (IEEE
+// vector add, mul, div and sqrt round as the scalar ones do).
 template <typename T>
 DYNEMB_HOST_DEVICE inline void ApplyRuleToRow(UpdateRule rule, bool weight_decay,
                                               const T* coefficients, int64_t dim,
-                                              const T* row, const T* grad, T* state, T* out) {
+                                              const T* __restrict row, const T* __restrict grad,
+                                              T* __restrict state, T* __restrict out) {
   const T* c = coefficients;
   const T decay = weight_decay ? c[0] : T(0);
   const T decay_lr = weight_decay ? c[1] : T(0);
   if (weight_decay) c += 2;
-  for (int64_t j = 0; j < dim; ++j) {
-    T w = row[j];
-    if (weight_decay) w = w - (w * decay) * decay_lr;
-    const T g = grad[j];
-    switch (rule) {
-      case UpdateRule::kKerasAdam: {
-        T& m = state[j];
-        T& v = state[dim + j];
-        m = m + (g - m) * c[1];
-        v = v + (g * g - v) * c[2];
-        w = w - (m * c[0]) / (std::sqrt(v) + c[3]);
-        break;
-      }
-      case UpdateRule::kAdamKernel: {
-        T& m = state[j];
-        T& v = state[dim + j];
-        m = m * c[1] + g * c[2];
-        v = v * c[3] + (g * g) * c[4];
-        w = w - (c[0] * m) / (std::sqrt(v) + c[5]);
-        break;
-      }
-      case UpdateRule::kKerasAdagrad: {
-        T& acc = state[j];
-        acc = acc + g * g;
-        w = w - (c[0] * g) / std::sqrt(acc + c[1]);
-        break;
-      }
-      case UpdateRule::kAdagradV2: {
-        T& acc = state[j];
-        acc = acc + g * g;
-        w = w - (c[0] * g) / (std::sqrt(acc) + c[1]);
-        break;
-      }
-      case UpdateRule::kKerasMomentum:
-      case UpdateRule::kKerasNesterov: {
-        T& m = state[j];
-        m = m * c[1] - g * c[0];
-        w = rule == UpdateRule::kKerasMomentum ? w + m : w + (m * c[1] - g * c[0]);
-        break;
-      }
-      case UpdateRule::kMomentum:
-      case UpdateRule::kNesterov: {
-        T& a = state[j];
-        a = a * c[1] + g;
-        w = rule == UpdateRule::kMomentum ? w - c[0] * a : w - (c[0] * g + c[2] * a);
-        break;
-      }
-    }
-    out[j] = w;
+  // The slots of the state row, side by side.
+  T* __restrict s0 = state;
+  T* __restrict s1 = state + dim;
+  T* __restrict s2 = state + 2 * dim;
+#define DYNEMB_FOR_EACH_ELEMENT(BODY)                             \
+  for (int64_t j = 0; j < dim; ++j) {                             \
+    T w = DecayedWeight(row[j], weight_decay, decay, decay_lr);   \
+    const T g = grad[j];                                          \
+    BODY                                                          \
+    out[j] = w;                                                   \
   }
+  switch (rule) {
+    case UpdateRule::kKerasAdam:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] + (g - s0[j]) * c[1];
+        const T v = s1[j] + (g * g - s1[j]) * c[2];
+        s0[j] = m;
+        s1[j] = v;
+        w = w - (m * c[0]) / (std::sqrt(v) + c[3]);
+      })
+      return;
+    case UpdateRule::kKerasAdamAmsgrad:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] + (g - s0[j]) * c[1];
+        const T v = s1[j] + (g * g - s1[j]) * c[2];
+        const T vhat = MaxOf(s2[j], v);
+        s0[j] = m;
+        s1[j] = v;
+        s2[j] = vhat;
+        w = w - (m * c[0]) / (std::sqrt(vhat) + c[3]);
+      })
+      return;
+    case UpdateRule::kAdamKernel:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] * c[1] + g * c[2];
+        const T v = s1[j] * c[3] + (g * g) * c[4];
+        s0[j] = m;
+        s1[j] = v;
+        w = w - (c[0] * m) / (std::sqrt(v) + c[5]);
+      })
+      return;
+    case UpdateRule::kKerasAdagrad:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T acc = s0[j] + g * g;
+        s0[j] = acc;
+        w = w - (c[0] * g) / std::sqrt(acc + c[1]);
+      })
+      return;
+    case UpdateRule::kAdagradV2:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T acc = s0[j] + g * g;
+        s0[j] = acc;
+        w = w - (c[0] * g) / (std::sqrt(acc) + c[1]);
+      })
+      return;
+    case UpdateRule::kKerasMomentum:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] * c[1] - g * c[0];
+        s0[j] = m;
+        w = w + m;
+      })
+      return;
+    case UpdateRule::kKerasNesterov:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] * c[1] - g * c[0];
+        s0[j] = m;
+        w = w + (m * c[1] - g * c[0]);
+      })
+      return;
+    case UpdateRule::kMomentum:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T a = s0[j] * c[1] + g;
+        s0[j] = a;
+        w = w - c[0] * a;
+      })
+      return;
+    case UpdateRule::kNesterov:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T a = s0[j] * c[1] + g;
+        s0[j] = a;
+        w = w - (c[0] * g + c[2] * a);
+      })
+      return;
+    case UpdateRule::kKerasAdamax:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] + (g - s0[j]) * c[1];
+        const T u = MaxOf(c[2] * s1[j], std::abs(g));
+        s0[j] = m;
+        s1[j] = u;
+        w = w - (c[0] * m) / (c[3] * (u + c[4]));
+      })
+      return;
+    case UpdateRule::kKerasRMSprop:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T rms = c[1] * s0[j] + c[2] * (g * g);
+        s0[j] = rms;
+        w = w - (c[0] * g) / std::sqrt(rms + c[3]);
+      })
+      return;
+    case UpdateRule::kKerasRMSpropMomentum:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T rms = c[1] * s0[j] + c[2] * (g * g);
+        const T mom = c[4] * s1[j] + (c[0] * g) / std::sqrt(rms + c[3]);
+        s0[j] = rms;
+        s1[j] = mom;
+        w = w - mom;
+      })
+      return;
+    case UpdateRule::kKerasRMSpropCentered:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T rms = c[1] * s0[j] + c[2] * (g * g);
+        const T mg = c[1] * s1[j] + c[2] * g;
+        s0[j] = rms;
+        s1[j] = mg;
+        w = w - (c[0] * g) / std::sqrt(rms - mg * mg + c[3]);
+      })
+      return;
+    case UpdateRule::kKerasRMSpropCenteredMomentum:  // slots [rms | momentum | mg]
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T rms = c[1] * s0[j] + c[2] * (g * g);
+        const T mg = c[1] * s2[j] + c[2] * g;
+        const T mom = c[4] * s1[j] + (c[0] * g) / std::sqrt(rms - mg * mg + c[3]);
+        s0[j] = rms;
+        s1[j] = mom;
+        s2[j] = mg;
+        w = w - mom;
+      })
+      return;
+    case UpdateRule::kKerasAdadelta:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T ag = c[1] * s0[j] + c[2] * (g * g);
+        const T delta = -((std::sqrt(s1[j] + c[3]) * g) / std::sqrt(ag + c[3]));
+        s0[j] = ag;
+        s1[j] = c[1] * s1[j] + c[2] * (delta * delta);
+        w = w + c[0] * delta;
+      })
+      return;
+    case UpdateRule::kKerasNadam:
+      DYNEMB_FOR_EACH_ELEMENT({
+        const T m = s0[j] + (g - s0[j]) * c[1];
+        const T v = s1[j] + (g * g - s1[j]) * c[2];
+        s0[j] = m;
+        s1[j] = v;
+        const T m_hat = (c[3] * m) / c[4] + (c[5] * g) / c[6];
+        w = w - (m_hat * c[0]) / (std::sqrt(v / c[7]) + c[8]);
+      })
+      return;
+  }
+#undef DYNEMB_FOR_EACH_ELEMENT
 }
 
 }  // namespace dynemb

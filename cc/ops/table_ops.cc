@@ -289,7 +289,10 @@ REGISTER_OP("DynembTableApplyRule")
     .Attr(TypeAttr("Tkey", kKeyTypes))
     .Attr("Tvalue: {float, double}")
     .Attr("rule: {'keras_adam', 'adam_kernel', 'keras_adagrad', 'adagrad_v2', "
-          "'keras_momentum', 'keras_nesterov', 'momentum', 'nesterov'}")
+          "'keras_momentum', 'keras_nesterov', 'momentum', 'nesterov', "
+          "'keras_adam_amsgrad', 'keras_adamax', 'keras_rmsprop', 'keras_rmsprop_momentum', "
+          "'keras_rmsprop_centered', 'keras_rmsprop_centered_momentum', 'keras_adadelta', "
+          "'keras_nadam'}")
     .Attr("weight_decay: bool = false")
     .SetShapeFn(ApplyRuleShape)
     .Doc(R"doc(

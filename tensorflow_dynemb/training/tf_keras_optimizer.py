@@ -37,8 +37,10 @@ class TfKerasDynamicEmbeddingOptimizer(
 
     def build(self, var_list):
         dense = self._dense_only(var_list)
-        # Legacy optimizers create their slots on first use and have no build().
-        if isinstance(self.inner_optimizer, tf_keras.optimizers.Optimizer):
+        # Legacy optimizers create their slots on first use and have no build(). With
+        # no dense variable (a model of embeddings only) the inner optimizer is left to
+        # build itself when one comes: tf_keras' Nadam cannot build over none.
+        if isinstance(self.inner_optimizer, tf_keras.optimizers.Optimizer) and dense:
             if not getattr(self.inner_optimizer, "_built", False):
                 self.inner_optimizer.build(dense)
         self._dynemb.create_slots(var_list)

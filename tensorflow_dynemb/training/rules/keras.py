@@ -115,9 +115,8 @@ class _KerasAdam(_KerasRule):
         return alpha, _one_minus(opt.beta_1, dtype), _one_minus(opt.beta_2, dtype), epsilon
 
     def _fused(self, values, dtype):
-        if self.optimizer.amsgrad:
-            return None
-        return "keras_adam", self._coefficients(values, dtype)
+        rule = "keras_adam_amsgrad" if self.optimizer.amsgrad else "keras_adam"
+        return rule, self._coefficients(values, dtype)
 
     def _update(self, var, grad, state, values, dtype):
         opt = self.optimizer
@@ -164,12 +163,25 @@ class _KerasRMSprop(_KerasRule):
             slots.append(SlotSpec("mg", 0.0))
         super().__init__(optimizer, tuple(slots), **kwargs)
 
+    def _coefficients(self, values, dtype):
+        """(lr, rho, 1 - rho, epsilon) of this step."""
+        opt = self.optimizer
+        return (self._lr(values, dtype), _mixed(opt.rho, dtype), _one_minus(opt.rho, dtype),
+                _mixed(opt.epsilon, dtype))
+
+    def _fused(self, values, dtype):
+        if self._tf_keras:
+            return None  # tf_keras multiplies by rsqrt, which C++ cannot round alike
+        opt = self.optimizer
+        rule = "keras_rmsprop" + ("_centered" if opt.centered else "")
+        coefficients = self._coefficients(values, dtype)
+        if opt.momentum > 0:
+            return rule + "_momentum", coefficients + (_mixed(opt.momentum, dtype),)
+        return rule, coefficients
+
     def _update(self, var, grad, state, values, dtype):
         opt = self.optimizer
-        lr = self._lr(values, dtype)
-        rho = _mixed(opt.rho, dtype)
-        one_minus_rho = _one_minus(opt.rho, dtype)
-        epsilon = _mixed(opt.epsilon, dtype)
+        lr, rho, one_minus_rho, epsilon = self._coefficients(values, dtype)
         rms = rho * state["rms"] + one_minus_rho * tf.square(grad)
         new_state = {"rms": rms}
         if opt.centered:
@@ -202,12 +214,19 @@ class _KerasAdadelta(_KerasRule):
         slots = (SlotSpec("accum_grad", 0.0), SlotSpec("accum_var", 0.0))
         super().__init__(optimizer, slots, **kwargs)
 
-    def _update(self, var, grad, state, values, dtype):
+    def _coefficients(self, values, dtype):
+        """(lr, rho, 1 - rho, epsilon) of this step."""
         opt = self.optimizer
-        lr = self._lr(values, dtype)
-        rho = _mixed(opt.rho, dtype)
-        one_minus_rho = _one_minus(opt.rho, dtype)
-        epsilon = _mixed(opt.epsilon, dtype)
+        return (self._lr(values, dtype), _mixed(opt.rho, dtype), _one_minus(opt.rho, dtype),
+                _mixed(opt.epsilon, dtype))
+
+    def _fused(self, values, dtype):
+        if self._tf_keras:
+            return None  # tf_keras rounds (1 - rho) * g * g, not (1 - rho) * g^2
+        return "keras_adadelta", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
+        lr, rho, one_minus_rho, epsilon = self._coefficients(values, dtype)
         if self._tf_keras:
             accum_grad = rho * state["accum_grad"] + one_minus_rho * grad * grad
         else:
@@ -225,15 +244,22 @@ class _KerasAdamax(_KerasRule):
     def __init__(self, optimizer, **kwargs):
         super().__init__(optimizer, (SlotSpec("m", 0.0), SlotSpec("u", 0.0)), **kwargs)
 
-    def _update(self, var, grad, state, values, dtype):
+    def _coefficients(self, values, dtype):
+        """(lr, 1 - beta_1, beta_2, 1 - beta_1^t, epsilon) of this step."""
         opt = self.optimizer
-        lr = self._lr(values, dtype)
         t = self._step(values, dtype)
         beta_1_power = tf.pow(_cast(opt.beta_1, dtype), t)
-        m = state["m"] + (grad - state["m"]) * _one_minus(opt.beta_1, dtype)
-        u = tf.maximum(_mixed(opt.beta_2, dtype) * state["u"], tf.abs(grad))
-        epsilon = _mixed(opt.epsilon, dtype)
-        var = var - (lr * m) / ((1 - beta_1_power) * (u + epsilon))
+        return (self._lr(values, dtype), _one_minus(opt.beta_1, dtype), _mixed(opt.beta_2, dtype),
+                1 - beta_1_power, _mixed(opt.epsilon, dtype))
+
+    def _fused(self, values, dtype):
+        return "keras_adamax", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
+        lr, one_minus_beta_1, beta_2, one_minus_beta_1_power, epsilon = self._coefficients(values, dtype)
+        m = state["m"] + (grad - state["m"]) * one_minus_beta_1
+        u = tf.maximum(beta_2 * state["u"], tf.abs(grad))
+        var = var - (lr * m) / (one_minus_beta_1_power * (u + epsilon))
         return var, {"m": m, "u": u}
 
 
@@ -253,9 +279,10 @@ class _KerasNadam(_KerasRule):
         beta_1 = _call_if_callable(self.optimizer.beta_1)
         return {"u_product": _nadam_momentum_product(beta_1, 1.0, step)}
 
-    def _update(self, var, grad, state, values, dtype):
+    def _coefficients(self, values, dtype):
+        """(lr, 1 - beta_1, 1 - beta_2, u_{t+1}, 1 - U_{t+1}, 1 - u_t, 1 - U_t,
+        1 - beta_2^t, epsilon) of this step."""
         opt = self.optimizer
-        lr = self._lr(values, dtype)
         t = self._step(values, dtype)
         # Nadam casts 0.96, beta_1 and beta_2 first, then computes 1 - beta in `dtype`.
         decay = _cast(0.96, dtype)
@@ -266,11 +293,19 @@ class _KerasNadam(_KerasRule):
         u_product_t = tf.cast(values["u_product"], dtype)
         u_product_t_1 = u_product_t * u_t_1
         beta_2_power = tf.pow(beta_2, t)
-        m = state["m"] + (grad - state["m"]) * (1 - beta_1)
-        v = state["v"] + (tf.square(grad) - state["v"]) * (1 - beta_2)
-        m_hat = u_t_1 * m / (1 - u_product_t_1) + (1 - u_t) * grad / (1 - u_product_t)
-        v_hat = v / (1 - beta_2_power)
-        epsilon = _mixed(opt.epsilon, dtype)
+        return (self._lr(values, dtype), 1 - beta_1, 1 - beta_2, u_t_1, 1 - u_product_t_1,
+                1 - u_t, 1 - u_product_t, 1 - beta_2_power, _mixed(opt.epsilon, dtype))
+
+    def _fused(self, values, dtype):
+        return "keras_nadam", self._coefficients(values, dtype)
+
+    def _update(self, var, grad, state, values, dtype):
+        (lr, one_minus_beta_1, one_minus_beta_2, u_t_1, one_minus_u_product_t_1, one_minus_u_t,
+         one_minus_u_product_t, one_minus_beta_2_power, epsilon) = self._coefficients(values, dtype)
+        m = state["m"] + (grad - state["m"]) * one_minus_beta_1
+        v = state["v"] + (tf.square(grad) - state["v"]) * one_minus_beta_2
+        m_hat = u_t_1 * m / one_minus_u_product_t_1 + one_minus_u_t * grad / one_minus_u_product_t
+        v_hat = v / one_minus_beta_2_power
         var = var - (m_hat * lr) / (tf.sqrt(v_hat) + epsilon)
         return var, {"m": m, "v": v}
 
