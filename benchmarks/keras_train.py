@@ -7,7 +7,8 @@
 Model (Criteo-like): 26 categorical features, each an int64 id drawn with power-law
 (Zipf-like, exponent 1.1) frequencies over 5,000,000 values and scattered over the
 int64 range; dynamic embeddings of dim 16; the 26 rows concatenated into an MLP
-64-32-1 (relu, relu, logit); binary cross-entropy; Adam(1e-3) wrapped in each library's
+64-32-1 (relu, relu, logit; `--mlp` sets the hidden widths); binary cross-entropy;
+Adam(1e-3) (`--optimizer` picks another) wrapped in each library's
 `DynamicEmbeddingOptimizer`; batch 4096; `model.fit` over a `tf.data` pipeline of
 pre-generated batches (the same seeded batches for every implementation).
 
@@ -21,8 +22,9 @@ it is installed):
 - `ours`: `tensorflow_dynemb.keras.layers.Embedding` + `de.DynamicEmbeddingOptimizer`.
 - `keras-vocab`: what a Keras user builds when the id set is known in advance:
   `IntegerLookup(vocabulary=<the exact ids the run will see>)` + `keras.layers.Embedding`.
-- `keras-hashed`: the hashing trick: `Hashing(2**20)` + `Embedding(2**20, 16)` (per
-  embedding; collisions allowed).
+- `keras-hashed`: the hashing trick: `Hashing(2**20)` + `Embedding(2**20, 16)`
+  (collisions allowed); per-feature, the same 2**20-row budget split into 26 tables of
+  `2**20 // 26` rows.
 - `ceiling`: no embedding at all: the same MLP, loss, optimizer and input pipeline with a
   constant `[batch, 26, 16]` tensor where the embedding rows were. Ours / ceiling is the
   share of a step the embedding layer leaves to the rest of the model (target >= 0.85).
@@ -134,8 +136,12 @@ def _embedding_layers(impl, vocabularies):
         return vocab_embedding
     if impl == "keras-hashed":  # the hashing trick: a fixed table, collisions allowed
         def hashed_embedding(name):
-            hashing = keras.layers.Hashing(HASH_BINS, name=f"{name}_hash")
-            table = keras.layers.Embedding(HASH_BINS, DIM, embeddings_initializer=init, name=name)
+            # One budget of HASH_BINS rows: the shared table's, or split among the
+            # per-feature tables (26 tables of 2**20 rows would update 26x the rows
+            # densely each step, and hold 26x the memory).
+            bins = HASH_BINS if name == "emb" else HASH_BINS // FEATURES
+            hashing = keras.layers.Hashing(bins, name=f"{name}_hash")
+            table = keras.layers.Embedding(bins, DIM, embeddings_initializer=init, name=name)
             return lambda x: table(hashing(x))
         return hashed_embedding
     raise ValueError(f"impl: unknown implementation {impl!r}")
@@ -161,9 +167,33 @@ def _fixed_rows_layer():
     return FixedRows
 
 
-def build_model(impl, layout, vocabularies=None):
+OPTIMIZERS = ("adam", "adagrad", "adamax", "nadam", "rmsprop", "adadelta", "ftrl", "sgd-momentum")
+
+
+def make_optimizer(name):
+    """The inner optimizer `name` (Keras 3 or tf_keras, whichever tf.keras is)."""
+    import tensorflow as tf
+
+    opt = tf.keras.optimizers
+    makers = {
+        "adam": lambda: opt.Adam(1e-3),
+        "adagrad": lambda: opt.Adagrad(1e-2),
+        "adamax": lambda: opt.Adamax(1e-3),
+        "nadam": lambda: opt.Nadam(1e-3),
+        "rmsprop": lambda: opt.RMSprop(1e-3),
+        "adadelta": lambda: opt.Adadelta(1.0),
+        "ftrl": lambda: opt.Ftrl(1e-2),
+        "sgd-momentum": lambda: opt.SGD(1e-2, momentum=0.9),
+    }
+    if name not in makers:
+        raise ValueError(f"optimizer: expected one of {sorted(makers)}, got {name!r}")
+    return makers[name]()
+
+
+def build_model(impl, layout, vocabularies=None, mlp=(64, 32), optimizer="adam"):
     """The benchmark's model for `impl`; `vocabularies(name)` (keras-vocab only) gives the
-    exact ids of embedding `name` (`emb` shared, `emb{i}` per feature)."""
+    exact ids of embedding `name` (`emb` shared, `emb{i}` per feature); `mlp`: the
+    hidden layers' widths; `optimizer`: a name of OPTIMIZERS."""
     import tensorflow as tf
 
     keras = tf.keras
@@ -182,11 +212,11 @@ def build_model(impl, layout, vocabularies=None):
         make = _embedding_layers(impl, vocabularies)
         rows = [make(f"emb{i}")(x) for i, x in enumerate(model_inputs)]
         x = keras.layers.Flatten()(keras.layers.Concatenate(axis=1)(rows))
-    x = keras.layers.Dense(64, activation="relu")(x)
-    x = keras.layers.Dense(32, activation="relu")(x)
+    for width in mlp:
+        x = keras.layers.Dense(width, activation="relu")(x)
     logits = keras.layers.Dense(1)(x)
     model = keras.Model(model_inputs, logits)
-    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer = make_optimizer(optimizer)
     if impl in ("ours", "ours-untracked"):
         import tensorflow_dynemb as de
 
@@ -197,6 +227,11 @@ def build_model(impl, layout, vocabularies=None):
         optimizer = tfra_de.DynamicEmbeddingOptimizer(optimizer)
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
+
+
+def _widths(text):
+    """`--mlp` "64,32" as (64, 32)."""
+    return tuple(int(w) for w in text.split(",") if w)
 
 
 def training_dataset(features, labels, repeat=True):
@@ -247,7 +282,7 @@ def run_child(args):
         column = ids if name == "emb" else ids[:, :, int(name[len("emb"):])]
         return np.unique(column)
 
-    model = build_model(args.impl, args.layout, vocabularies)
+    model = build_model(args.impl, args.layout, vocabularies, _widths(args.mlp), args.optimizer)
 
     marks = {}
     step_ends = []
@@ -278,6 +313,8 @@ def run_child(args):
         "distinct_batches": distinct,
         "steps": args.steps,
         "batch": BATCH,
+        "mlp": args.mlp,
+        "optimizer": args.optimizer,
         "seconds": secs,
         "warmup_seconds": marks["warm"] - t0,
         "fit_teardown_seconds": returned - step_ends[-1],
@@ -317,6 +354,9 @@ def main():
     p.add_argument("--steady", action="store_true",
                    help="steady state: --distinct-batches = --warmup, so the measured steps "
                         "revisit ids the warm-up inserted (no table growth)")
+    p.add_argument("--mlp", default="64,32", help="hidden layer widths of the MLP")
+    p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS,
+                   help="the inner optimizer (every implementation uses the same)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: TF's default)")
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads (0: TF's default)")
     p.add_argument("--out", default=None)
@@ -355,6 +395,7 @@ def main():
             cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--layout", args.layout,
                    "--warmup", str(args.warmup), "--steps", str(args.steps), "--seed", str(args.seed),
                    "--distinct-batches", str(args.distinct_batches),
+                   "--mlp", args.mlp, "--optimizer", args.optimizer,
                    "--threads", str(args.threads), "--inter-threads", str(args.inter_threads)]
             res, error = spawn_child(cmd, env)
             if res is None:
@@ -416,7 +457,9 @@ def main():
         os.path.dirname(os.path.abspath(__file__)), "results",
         # The change-tracking comparison apart: report.py reads keras_train_*.json.
         f"{'change_tracking' if 'ours-untracked' in impls else 'keras_train'}_tf{tf.__version__}"
-        f"_{args.layout}{'_steady' if args.steady else ''}.json")
+        f"_{args.layout}{'_steady' if args.steady else ''}"
+        f"{'' if args.optimizer == 'adam' else '_' + args.optimizer}"
+        f"{'' if args.mlp == '64,32' else '_mlp' + args.mlp.replace(',', '-')}.json")
     write_record(
         out,
         "keras_train",
@@ -426,6 +469,8 @@ def main():
         layout=args.layout,
         regime="steady" if args.steady else "growing",
         distinct_batches=args.distinct_batches or args.warmup + args.steps,
+        mlp=args.mlp,
+        optimizer=args.optimizer,
         runs=runs,
         summary=summary,
     )

@@ -3,7 +3,7 @@
     python benchmarks/report.py [--results benchmarks/results] [--doc docs/benchmarks.md]
         [--plots docs/img] [--check]
 
-Reads the newest `keras_train_*.json` per (TF version, layout, regime) and the newest
+Reads the newest `keras_train_*.json` per (TF version, layout, regime, optimizer, MLP) and the newest
 `train_state_*.json` per TF version in `--results`, renders Markdown tables and writes
 them into `--doc` between the marker lines `<!-- report:NAME -->` and
 `<!-- /report:NAME -->` (NAME: `keras_train`, `train_state`); text outside the markers is
@@ -63,23 +63,61 @@ def _spread(xs, fmt="{:.0f}"):
     return f"{fmt.format(_med(xs))} ({fmt.format(xs[0])}–{fmt.format(xs[-1])})"
 
 
+# The implementations keras_train.py runs, in the tables' and the plot's order.
+TRAIN_IMPLS = (
+    ("ours", "ours"),
+    ("tfra", "TFRA 0.8.1"),
+    ("keras-vocab", "IntegerLookup + Embedding"),
+    ("keras-hashed", "Hashing(2**20) + Embedding"),
+    ("ceiling", "no embedding (ceiling)"),
+)
+# (summary key of the per-round ratios, its label, target or None)
+TRAIN_RATIOS = (
+    ("ratio_ours_over_tfra", "ours / TFRA", 3.0),
+    ("ratio_ours_over_ceiling", "ours / ceiling", 0.85),
+    ("ratio_ours_over_keras_vocab", "ours / IntegerLookup", None),
+    ("ratio_ours_over_keras_hashed", "ours / Hashing", None),
+)
+
+
+def _ratio_cell(ratios, target):
+    """`median (min–max)`, with the verdict on the median and on every round."""
+    if not ratios:
+        return "—"
+    med = _med(ratios)
+    cell = f"{med:.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+    if target is None:
+        return cell
+    verdict = "PASS" if med >= target else "**FAIL**"
+    every = "every round" if min(ratios) >= target else "not every round"
+    return f"{cell} {verdict}, {every}"
+
+
 def keras_train_table(records):
+    """One row per run: examples/s per implementation (median and range of the
+    rounds) and the per-round ratios of ours over each other implementation."""
     rows = [
-        "| TF / Keras | layout | regime | ours examples/s | TFRA examples/s | ours / TFRA per round | median ratio (target ≥ 3) | load start→end | file |",
-        "|---|---|---|---:|---:|---|---:|---|---|",
+        "| TF / Keras | layout | regime | "
+        + " | ".join(f"{label} examples/s" for _, label in TRAIN_IMPLS)
+        + " | "
+        + " | ".join(f"{label} per round{'' if t is None else f' (target ≥ {t:g})'}"
+                     for _, label, t in TRAIN_RATIOS)
+        + " | load start→end | file |",
+        "|---|---|---|" + "---:|" * len(TRAIN_IMPLS) + "---|" * len(TRAIN_RATIOS) + "---|---|",
     ]
     for rec in records:
         s = rec["summary"]
-        ours = s.get("ours", {}).get("examples_per_s", [])
-        tfra = s.get("tfra", {}).get("examples_per_s", [])
-        ratios = s.get("ratio_ours_over_tfra", [])
-        med = s.get("ratio_median")
-        verdict = "—" if med is None else f"{'PASS' if med >= 3 else '**FAIL**'} {med:.2f}×"
-        keras = "tf_keras 2.16" if rec.get("legacy_keras") else "Keras 3"
+        keras = "tf_keras" if rec.get("legacy_keras") else "Keras 3"
         regime = rec.get("regime", "growing")
+        if rec.get("optimizer", "adam") != "adam":
+            regime += f", {rec['optimizer']}"
+        if rec.get("mlp", "64,32") != "64,32":
+            regime += f", MLP {rec['mlp']}"
+        rates = [_spread(s.get(impl, {}).get("examples_per_s", [])) for impl, _ in TRAIN_IMPLS]
+        ratios = [_ratio_cell(s.get(key, []), target) for key, _, target in TRAIN_RATIOS]
         rows.append(
-            f"| {rec['tf']} / {keras} | {rec.get('layout', '')} | {regime} | {_spread(ours)} | {_spread(tfra)} | "
-            f"{', '.join(f'{r:.2f}' for r in ratios) or '—'} | {verdict} | "
+            f"| {rec['tf']} / {keras} | {rec.get('layout', '')} | {regime} | "
+            f"{' | '.join(rates)} | {' | '.join(ratios)} | "
             f"{rec.get('load_start')}→{rec.get('load_end')} | `{rec['_path']}` |"
         )
     return "\n".join(rows)
@@ -173,21 +211,22 @@ def plots(train, state, outdir):
     os.makedirs(outdir, exist_ok=True)
     written = []
     if train:
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        labels, ours, tfra = [], [], []
-        for rec in train:
-            s = rec["summary"]
-            labels.append(f"TF {rec['tf']}\n{rec.get('layout')}, {rec.get('regime', 'growing')}")
-            ours.append(s.get("ours", {}).get("median") or 0)
-            tfra.append(s.get("tfra", {}).get("median") or 0)
+        fig, ax = plt.subplots(figsize=(10, 4))
+        labels = [f"TF {rec['tf']}{' tf_keras' if rec.get('legacy_keras') else ''}\n"
+                  f"{rec.get('layout')}, {rec.get('regime', 'growing')}" for rec in train]
+        present = [(impl, label) for impl, label in TRAIN_IMPLS
+                   if any(impl in rec["summary"] for rec in train)]
+        width = 0.8 / max(1, len(present))
         x = range(len(labels))
-        ax.bar([i - 0.2 for i in x], [v / 1e3 for v in ours], 0.4, label="tensorflow_dynemb")
-        ax.bar([i + 0.2 for i in x], [v / 1e3 for v in tfra], 0.4, label="TFRA 0.8.1")
+        for k, (impl, label) in enumerate(present):
+            medians = [(rec["summary"].get(impl, {}).get("median") or 0) / 1e3 for rec in train]
+            offset = (k - (len(present) - 1) / 2) * width
+            ax.bar([i + offset for i in x], medians, width, label=label)
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_ylabel("k examples/s (median)")
         ax.set_title("Keras model.fit, 26 features, dim 16, batch 4096, Adam")
-        ax.legend()
+        ax.legend(fontsize=7)
         fig.tight_layout()
         path = os.path.join(outdir, "keras_train.png")
         fig.savefig(path, dpi=100)
@@ -286,7 +325,8 @@ def main():
     args = p.parse_args()
 
     train = _newest(_load("keras_train_*.json", args.results),
-                    lambda r: (r["tf"], r.get("layout", ""), r.get("regime", "growing")))
+                    lambda r: (r["tf"], r.get("layout", ""), r.get("regime", "growing"),
+                               r.get("optimizer", "adam"), r.get("mlp", "64,32")))
     state = _newest(_load("train_state_*.json", args.results), lambda r: r["tf"])
     sections = {"keras_train": keras_train_table(train), "train_state": train_state_table(state)}
     if args.check:

@@ -1,7 +1,7 @@
 """Cost of one `keras_train.py` training step of ours: wall time, CPU time and page faults.
 
     python benchmarks/step_cost.py [--layout per-feature|shared] [--steady]
-        [--warmup 40] [--steps 40]
+        [--warmup 40] [--steps 40] [--optimizer adam|...] [--unfused]
 
 Trains `keras_train.py`'s model (our layers, Adam, batch 4096) with `model.fit` in this
 process and reads, after each step, the clock and `getrusage` (CPU seconds, system
@@ -30,7 +30,15 @@ def main():
     p.add_argument("--steady", action="store_true")
     p.add_argument("--warmup", type=int, default=40)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--optimizer", default="adam", choices=keras_train.OPTIMIZERS)
+    p.add_argument("--unfused", action="store_true",
+                   help="take the unfused optimizer step (slot lookup, TF ops, upsert) even "
+                        "where a fused one exists: the A/B of the fused rules")
     args = p.parse_args()
+    if args.unfused:
+        from tensorflow_dynemb.training.applier import SparseApplier
+
+        SparseApplier._fused_step = lambda self, state, dtype, values: None
 
     import numpy as np
     import tensorflow as tf
@@ -42,7 +50,7 @@ def main():
     else:
         features = tuple(np.ascontiguousarray(ids[:, :, i : i + 1]) for i in range(keras_train.FEATURES))
     ds = keras_train.training_dataset(features, labels)
-    model = keras_train.build_model("ours", args.layout)
+    model = keras_train.build_model("ours", args.layout, optimizer=args.optimizer)
     marks = []
 
     class Probe(tf.keras.callbacks.Callback):
@@ -56,7 +64,7 @@ def main():
     steps = len(marks) - args.warmup
     wall, cpu, system, faults = ((b - a) / steps for a, b in zip(first, last))
     regime = "steady" if args.steady else "growing"
-    print(f"{args.layout} {regime}, TF {tf.__version__} ({'tf_keras' if os.environ.get('TF_USE_LEGACY_KERAS') == '1' else 'Keras 3'}): "
+    print(f"{args.layout} {regime}, {args.optimizer}{' unfused' if args.unfused else ''}, TF {tf.__version__} ({'tf_keras' if os.environ.get('TF_USE_LEGACY_KERAS') == '1' else 'Keras 3'}): "
           f"{wall * 1e3:.1f} ms/step, CPU {cpu * 1e3:.1f} ms/step (system {system * 1e3:.1f}), "
           f"{faults:.0f} page faults/step")
 
