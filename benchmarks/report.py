@@ -213,7 +213,10 @@ def plots(train, state, outdir):
     if train:
         fig, ax = plt.subplots(figsize=(10, 4))
         labels = [f"TF {rec['tf']}{' tf_keras' if rec.get('legacy_keras') else ''}\n"
-                  f"{rec.get('layout')}, {rec.get('regime', 'growing')}" for rec in train]
+                  f"{rec.get('layout')}, {rec.get('regime', 'growing')}"
+                  f"{'' if rec.get('optimizer', 'adam') == 'adam' else ', ' + rec['optimizer']}"
+                  f"{'' if rec.get('mlp', '64,32') == '64,32' else chr(10) + 'MLP ' + rec['mlp']}"
+                  for rec in train]
         present = [(impl, label) for impl, label in TRAIN_IMPLS
                    if any(impl in rec["summary"] for rec in train)]
         width = 0.8 / max(1, len(present))
@@ -225,7 +228,7 @@ def plots(train, state, outdir):
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_ylabel("k examples/s (median)")
-        ax.set_title("Keras model.fit, 26 features, dim 16, batch 4096, Adam")
+        ax.set_title("Keras model.fit, 26 features, dim 16, batch 4096 (Adam, MLP 64-32 unless named)")
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = os.path.join(outdir, "keras_train.png")
