@@ -37,6 +37,12 @@ class _KerasRule(SparseRule):
             return tf.convert_to_tensor(lr(tf.cast(step - 1, tf.int64)))
         return tf.convert_to_tensor(_call_if_callable(lr))
 
+    def _rho_coefficients(self, values, dtype):
+        """(lr, rho, 1 - rho, epsilon) of this step: RMSprop's and Adadelta's scalars."""
+        opt = self.optimizer
+        return (self._lr(values, dtype), _mixed(opt.rho, dtype), _one_minus(opt.rho, dtype),
+                _mixed(opt.epsilon, dtype))
+
     def _decay_coefficients(self, values, dtype):
         """Keras: ``variable.assign_sub(variable * wd * lr)`` before update_step."""
         weight_decay = self.optimizer.weight_decay
@@ -163,25 +169,19 @@ class _KerasRMSprop(_KerasRule):
             slots.append(SlotSpec("mg", 0.0))
         super().__init__(optimizer, tuple(slots), **kwargs)
 
-    def _coefficients(self, values, dtype):
-        """(lr, rho, 1 - rho, epsilon) of this step."""
-        opt = self.optimizer
-        return (self._lr(values, dtype), _mixed(opt.rho, dtype), _one_minus(opt.rho, dtype),
-                _mixed(opt.epsilon, dtype))
-
     def _fused(self, values, dtype):
         if self._tf_keras:
             return None  # tf_keras multiplies by rsqrt, which C++ cannot round alike
         opt = self.optimizer
         rule = "keras_rmsprop" + ("_centered" if opt.centered else "")
-        coefficients = self._coefficients(values, dtype)
+        coefficients = self._rho_coefficients(values, dtype)
         if opt.momentum > 0:
             return rule + "_momentum", coefficients + (_mixed(opt.momentum, dtype),)
         return rule, coefficients
 
     def _update(self, var, grad, state, values, dtype):
         opt = self.optimizer
-        lr, rho, one_minus_rho, epsilon = self._coefficients(values, dtype)
+        lr, rho, one_minus_rho, epsilon = self._rho_coefficients(values, dtype)
         rms = rho * state["rms"] + one_minus_rho * tf.square(grad)
         new_state = {"rms": rms}
         if opt.centered:
@@ -214,19 +214,13 @@ class _KerasAdadelta(_KerasRule):
         slots = (SlotSpec("accum_grad", 0.0), SlotSpec("accum_var", 0.0))
         super().__init__(optimizer, slots, **kwargs)
 
-    def _coefficients(self, values, dtype):
-        """(lr, rho, 1 - rho, epsilon) of this step."""
-        opt = self.optimizer
-        return (self._lr(values, dtype), _mixed(opt.rho, dtype), _one_minus(opt.rho, dtype),
-                _mixed(opt.epsilon, dtype))
-
     def _fused(self, values, dtype):
         if self._tf_keras:
             return None  # tf_keras rounds (1 - rho) * g * g, not (1 - rho) * g^2
-        return "keras_adadelta", self._coefficients(values, dtype)
+        return "keras_adadelta", self._rho_coefficients(values, dtype)
 
     def _update(self, var, grad, state, values, dtype):
-        lr, rho, one_minus_rho, epsilon = self._coefficients(values, dtype)
+        lr, rho, one_minus_rho, epsilon = self._rho_coefficients(values, dtype)
         if self._tf_keras:
             accum_grad = rho * state["accum_grad"] + one_minus_rho * grad * grad
         else:
