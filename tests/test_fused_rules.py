@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_dynemb as de
+from tensorflow_dynemb.keras._compat import IS_KERAS3
 from tensorflow_dynemb.training import applier as optimizer_module
 from tensorflow_dynemb.training.rules import get_rule
 
@@ -39,8 +40,6 @@ FUSED_CASES = {
     "keras-rmsprop-centered-momentum", "keras-adadelta",
 }
 STEPS = 4
-# tf.keras is tf_keras (Keras 2) in this process.
-LEGACY_KERAS = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")
 
 
 def state_table(rule, dim, dtype):
@@ -205,9 +204,9 @@ def train(make_optimizer, shards, fused, steps=3):
         lambda: tf.keras.optimizers.Adamax(0.05),
         lambda: tf.keras.optimizers.Nadam(0.05),
         pytest.param(lambda: tf.keras.optimizers.RMSprop(0.05, momentum=0.5, centered=True),
-                     marks=pytest.mark.skipif(LEGACY_KERAS, reason="tf_keras' RMSprop is unfused")),
+                     marks=pytest.mark.skipif(not IS_KERAS3, reason="tf_keras' RMSprop is unfused")),
         pytest.param(lambda: tf.keras.optimizers.Adadelta(0.5),
-                     marks=pytest.mark.skipif(LEGACY_KERAS, reason="tf_keras' Adadelta is unfused")),
+                     marks=pytest.mark.skipif(not IS_KERAS3, reason="tf_keras' Adadelta is unfused")),
     ],
     ids=["adam", "adamw", "adagrad", "nesterov", "tf1-adam", "amsgrad", "adamax", "nadam",
          "rmsprop-centered-momentum", "adadelta"],
