@@ -104,6 +104,19 @@ def make_batches(steps, seed=0, layout="per-feature"):
 
 
 KERAS_BASELINES = ("keras-vocab", "keras-hashed", "ceiling")
+# The ratios a run prints and records, per round and their median (report.py tabulates
+# them too): (a, b, (summary key, median key), label, target or None, digits).
+COMPARISONS = (
+    ("ours", "tfra", ("ratio_ours_over_tfra", "ratio_median"), "ours / TFRA", 3.0, 2),
+    ("ours", "ours-untracked", ("ratio_tracked_over_untracked", "tracked_ratio_median"),
+     "change tracking on / off", 0.95, 3),
+    ("ours", "ceiling", ("ratio_ours_over_ceiling", "ceiling_ratio_median"),
+     "ours / no-embedding ceiling", 0.85, 3),
+    ("ours", "keras-vocab", ("ratio_ours_over_keras_vocab", "keras_vocab_ratio_median"),
+     "ours / IntegerLookup+Embedding", None, 2),
+    ("ours", "keras-hashed", ("ratio_ours_over_keras_hashed", "keras_hashed_ratio_median"),
+     "ours / Hashing(2**20)+Embedding", None, 2),
+)
 HASH_BINS = 2 ** 20
 
 
@@ -426,18 +439,7 @@ def main():
                 ratios.append(got[a]["examples_per_s"] / got[b]["examples_per_s"])
         return sorted(ratios)
 
-    comparisons = [  # (a, b, summary keys, label, target or None, digits)
-        ("ours", "tfra", ("ratio_ours_over_tfra", "ratio_median"), "ours / TFRA", 3.0, 2),
-        ("ours", "ours-untracked", ("ratio_tracked_over_untracked", "tracked_ratio_median"),
-         "change tracking on / off", 0.95, 3),
-        ("ours", "ceiling", ("ratio_ours_over_ceiling", "ceiling_ratio_median"),
-         "ours / no-embedding ceiling", 0.85, 3),
-        ("ours", "keras-vocab", ("ratio_ours_over_keras_vocab", "keras_vocab_ratio_median"),
-         "ours / IntegerLookup+Embedding", None, 2),
-        ("ours", "keras-hashed", ("ratio_ours_over_keras_hashed", "keras_hashed_ratio_median"),
-         "ours / Hashing(2**20)+Embedding", None, 2),
-    ]
-    for a, b, (key, median_key), label, target, digits in comparisons:
+    for a, b, (key, median_key), label, target, digits in COMPARISONS:
         if a not in impls or b not in impls:
             continue
         ratios = per_round(a, b)

@@ -24,6 +24,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import keras_train  # noqa: E402  (its comparisons and targets; TF is imported lazily there)
 
 
 def _load(pattern, results):
@@ -71,12 +73,12 @@ TRAIN_IMPLS = (
     ("keras-hashed", "Hashing(2**20) + Embedding"),
     ("ceiling", "no embedding (ceiling)"),
 )
-# (summary key of the per-round ratios, its label, target or None)
-TRAIN_RATIOS = (
-    ("ratio_ours_over_tfra", "ours / TFRA", 3.0),
-    ("ratio_ours_over_ceiling", "ours / ceiling", 0.85),
-    ("ratio_ours_over_keras_vocab", "ours / IntegerLookup", None),
-    ("ratio_ours_over_keras_hashed", "ours / Hashing", None),
+# (summary key of the per-round ratios, its label, target or None): keras_train.py's
+# comparisons of ours with the implementations above.
+TRAIN_RATIOS = tuple(
+    (key, label, target)
+    for a, b, (key, _), label, target, _ in keras_train.COMPARISONS
+    if a == "ours" and b in dict(TRAIN_IMPLS)
 )
 
 
