@@ -140,10 +140,10 @@ DYNEMB_HOST_DEVICE inline void ApplyRuleToRow(UpdateRule rule, bool weight_decay
   const T decay = weight_decay ? c[0] : T(0);
   const T decay_lr = weight_decay ? c[1] : T(0);
   if (weight_decay) c += 2;
-  // The slots of the state row, side by side.
+  // The slots of the state row, side by side (a third, state + 2 * dim, only in
+  // the rules that keep three: the pointer must not pass a shorter row's end).
   T* __restrict s0 = state;
   T* __restrict s1 = state + dim;
-  T* __restrict s2 = state + 2 * dim;
 #define DYNEMB_FOR_EACH_ELEMENT(BODY)                             \
   for (int64_t j = 0; j < dim; ++j) {                             \
     T w = DecayedWeight(row[j], weight_decay, decay, decay_lr);   \
@@ -161,7 +161,8 @@ DYNEMB_HOST_DEVICE inline void ApplyRuleToRow(UpdateRule rule, bool weight_decay
         w = w - (m * c[0]) / (std::sqrt(v) + c[3]);
       })
       return;
-    case UpdateRule::kKerasAdamAmsgrad:
+    case UpdateRule::kKerasAdamAmsgrad: {
+      T* __restrict s2 = state + 2 * dim;
       DYNEMB_FOR_EACH_ELEMENT({
         const T m = s0[j] + (g - s0[j]) * c[1];
         const T v = s1[j] + (g * g - s1[j]) * c[2];
@@ -172,6 +173,7 @@ DYNEMB_HOST_DEVICE inline void ApplyRuleToRow(UpdateRule rule, bool weight_decay
         w = w - (m * c[0]) / (std::sqrt(vhat) + c[3]);
       })
       return;
+    }
     case UpdateRule::kAdamKernel:
       DYNEMB_FOR_EACH_ELEMENT({
         const T m = s0[j] * c[1] + g * c[2];
@@ -257,7 +259,8 @@ DYNEMB_HOST_DEVICE inline void ApplyRuleToRow(UpdateRule rule, bool weight_decay
         w = w - (c[0] * g) / std::sqrt(rms - mg * mg + c[3]);
       })
       return;
-    case UpdateRule::kKerasRMSpropCenteredMomentum:  // slots [rms | momentum | mg]
+    case UpdateRule::kKerasRMSpropCenteredMomentum: {  // slots [rms | momentum | mg]
+      T* __restrict s2 = state + 2 * dim;
       DYNEMB_FOR_EACH_ELEMENT({
         const T rms = c[1] * s0[j] + c[2] * (g * g);
         const T mg = c[1] * s2[j] + c[2] * g;
@@ -268,6 +271,7 @@ DYNEMB_HOST_DEVICE inline void ApplyRuleToRow(UpdateRule rule, bool weight_decay
         w = w - mom;
       })
       return;
+    }
     case UpdateRule::kKerasAdadelta:
       DYNEMB_FOR_EACH_ELEMENT({
         const T ag = c[1] * s0[j] + c[2] * (g * g);
