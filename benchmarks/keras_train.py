@@ -121,8 +121,8 @@ HASH_BINS = 2 ** 20
 
 
 def _embedding_layers(impl, vocabularies):
-    """`layer_cls(name)`: a callable from int64 ids to `[..., DIM]` rows, for one
-    embedding (one feature's, or the shared one) of implementation `impl`.
+    """A function `make(name)` that returns a callable from int64 ids to `[..., DIM]`
+    rows: one embedding (one feature's, or the shared one) of implementation `impl`.
 
     `vocabularies(name)` gives the exact ids the static-vocabulary baseline must know."""
     import tensorflow as tf

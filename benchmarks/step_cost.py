@@ -3,7 +3,7 @@
     python benchmarks/step_cost.py [--layout per-feature|shared] [--steady]
         [--warmup 40] [--steps 40] [--optimizer adam|...] [--unfused]
 
-Trains `keras_train.py`'s model (our layers, Adam, batch 4096) with `model.fit` in this
+Trains `keras_train.py`'s model (our layers, Adam or `--optimizer`, batch 4096) with `model.fit` in this
 process and reads, after each step, the clock and `getrusage` (CPU seconds, system
 seconds, minor page faults of the whole process). Prints the means over the steps after
 `--warmup`. Growing regime (default): every batch is new, ~26k new keys per step;
