@@ -111,7 +111,14 @@ def child_main(modes: Dict[str, Callable[[Dict[str, Any]], Any]], argv: List[str
         result = modes[mode](args)
     except Exception:
         result = {"error": traceback.format_exc()}
-    print(json.dumps(result), flush=True)
+    # One write() of the whole line: with PYTHONUNBUFFERED, print() writes the text and
+    # its newline apart, and a TF / gRPC thread logging to stderr (the same log file)
+    # could land between them, on the result's line (seen: a PS-failover run whose line
+    # ended in a "Failed to connect" log message).
+    sys.stdout.flush()
+    line = memoryview((json.dumps(result) + "\n").encode())
+    while line:
+        line = line[os.write(sys.stdout.fileno(), line):]
     return mode
 
 
