@@ -530,8 +530,22 @@ def pss_keras_fit(args):
             DIM, devices=ps_devices(len(args["cluster"]["ps"])), name="emb",
             initializer=tf_keras.initializers.RandomNormal(0.0, 0.1, seed=3),
         )
-        inputs = tf_keras.Input((), dtype=tf.int64)
-        model = tf_keras.Model(inputs, embedding(inputs))
+        if args.get("decorated_call"):
+            # TFRA's movielens-1m-keras-ps demo's shape: a subclassed model whose
+            # `call` is a tf.function, traced inside Keras' train function.
+            class Decorated(tf_keras.Model):
+                def __init__(self):
+                    super().__init__()
+                    self.emb = embedding
+
+                @tf.function
+                def call(self, ids):
+                    return self.emb(ids)
+
+            model = Decorated()
+        else:
+            inputs = tf_keras.Input((), dtype=tf.int64)
+            model = tf_keras.Model(inputs, embedding(inputs))
         model.compile(
             de.DynamicEmbeddingOptimizer(tf_keras.optimizers.Adam(0.05)), loss="mse"
         )
@@ -599,34 +613,58 @@ def mirrored_fit(args):
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import tensorflow_dynemb as de
 
-    def build(strategy):
+    class DecoratedCall(tf.keras.Model):
+        """The same model, subclassed, with `call` a tf.function (TFRA's demos)."""
+
+        def __init__(self, embedding, dense):
+            super().__init__()
+            self.user, self.dense = embedding, dense
+            self.flatten = tf.keras.layers.Flatten()
+
+        @tf.function
+        def call(self, ids):
+            return self.dense(self.flatten(self.user(ids)))
+
+    def build(strategy, decorated=False):
         with strategy.scope():
-            ids = tf.keras.Input(shape=(2,), dtype="int64")
-            x = de.keras.layers.Embedding(
+            embedding = de.keras.layers.Embedding(
                 3, initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=4), name="user"
-            )(ids)
-            out = tf.keras.layers.Dense(1, kernel_initializer="ones")(tf.keras.layers.Flatten()(x))
-            model = tf.keras.Model(ids, out)
+            )
+            dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+            if decorated:
+                # Compiled with the wrapper, as TFRA's demos do: under Keras 3 a layer
+                # in a decorated `call` cannot find its model to wrap a plain optimizer.
+                model = DecoratedCall(embedding, dense)
+                model.compile(
+                    optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1)),
+                    loss="mse",
+                )
+                return model, embedding, dense
+            else:
+                ids = tf.keras.Input(shape=(2,), dtype="int64")
+                model = tf.keras.Model(ids, dense(tf.keras.layers.Flatten()(embedding(ids))))
             model.compile(optimizer=tf.keras.optimizers.Adam(0.1), loss="mse")
-        return model
+        return model, embedding, dense
 
     x = MIRRORED_IDS.reshape(-1, 2)
     y = np.tile(MIRRORED_LABELS, (len(MIRRORED_IDS), 1))
     runs = {}
-    for name, strategy in (
-        ("mirrored", tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"])),
-        ("one", tf.distribute.get_strategy()),
+    for name, strategy, decorated in (
+        ("mirrored", tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"]), False),
+        # Keras 3's symbolic build of this model feeds `call` float32 placeholders
+        # for the int64 ids (see keras/layers/embedding.py `_checked_ids`).
+        ("mirrored_tf_function_call", tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"]), True),
+        ("one", tf.distribute.get_strategy(), False),
     ):
-        model = build(strategy)
+        model, layer, dense = build(strategy, decorated)
         history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-        layer = model.get_layer("user")
         keys, values = layer.params.export()
         order = np.argsort(keys.numpy())
         runs[name] = {
             "losses": [float(v) for v in history.history["loss"]],
             "keys": keys.numpy()[order].tolist(),
             "rows": values.numpy()[order].tolist(),
-            "dense": [w.tolist() for w in model.layers[-1].get_weights()],
+            "dense": [w.tolist() for w in dense.get_weights()],
             "slot_sizes": [int(s.size()) for s in layer.params.slot_variables],
         }
     return runs

@@ -1,9 +1,10 @@
 """Runs Keras scenarios of `de.keras.layers` in a fresh process; used by
 test_keras_layers.py.
 
-    python tests/keras_worker.py scenarios WORKDIR
-        every scenario of keras_scenarios.py, with the Keras `tf.keras` is in this
-        process (the caller sets TF_USE_LEGACY_KERAS=1 for tf_keras);
+    python tests/keras_worker.py scenarios WORKDIR [MODULE]
+        every scenario of keras_scenarios.py (or of the tests' module MODULE, e.g.
+        context_scenarios), with the Keras `tf.keras` is in this process (the caller
+        sets TF_USE_LEGACY_KERAS=1 for tf_keras);
     python tests/keras_worker.py load WORKDIR
         `load_model` of the model the `save_for_fresh_process` scenario saved, in a
         process that imports nothing but tensorflow_dynemb: no custom_objects.
@@ -61,10 +62,11 @@ def serve(workdir):
     return served
 
 
-def run_scenarios(workdir):
-    import keras_scenarios
+def run_scenarios(workdir, module="keras_scenarios"):
+    import importlib
 
-    return {name: guarded(fn, workdir) for name, fn in keras_scenarios.SCENARIOS.items()}
+    scenarios = importlib.import_module(module).SCENARIOS
+    return {name: guarded(fn, workdir) for name, fn in scenarios.items()}
 
 
 def main(argv):
@@ -76,6 +78,9 @@ def main(argv):
     mode, workdir = argv[1], argv[2]
     if mode not in modes:
         raise SystemExit(f"unknown mode {mode!r}")
+    if mode == "scenarios" and len(argv) > 3:
+        print(json.dumps(jsonable(run_scenarios(workdir, argv[3]))))
+        return
     print(json.dumps(jsonable(modes[mode](workdir))))
 
 

@@ -262,12 +262,30 @@ def _field_of_id():
 
 
 def build_keras_model(layer: str = "Embedding"):
-    """ids [2] -> a de.keras.layers layer -> Dense(1), compiled with Adam."""
+    """ids [2] -> a de.keras.layers layer -> Dense(1), compiled with Adam.
+    "DecoratedCall": the same with Embedding, as a subclassed model whose `call` is a
+    `tf.function` (TFRA's demos' shape)."""
     import tensorflow as tf
     import tensorflow_dynemb as de
 
-    ids = tf.keras.Input(shape=(IDS_PER_EXAMPLE,), dtype="int64")
     initializer = tf.keras.initializers.RandomNormal(0.0, 0.3, seed=9)
+    if layer == "DecoratedCall":
+
+        class DecoratedCall(tf.keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.user = de.keras.layers.Embedding(DIM, initializer=initializer, name="user")
+                self.flatten = tf.keras.layers.Flatten()
+                self.dense = tf.keras.layers.Dense(1, kernel_initializer="ones", name="dense")
+
+            @tf.function
+            def call(self, ids):
+                return self.dense(self.flatten(self.user(ids)))
+
+        model = DecoratedCall()
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="mse")
+        return model
+    ids = tf.keras.Input(shape=(IDS_PER_EXAMPLE,), dtype="int64")
     if layer == "Embedding":
         x = tf.keras.layers.Flatten()(de.keras.layers.Embedding(DIM, initializer=initializer, name="user")(ids))
     elif layer == "SquashedEmbedding":
@@ -312,7 +330,7 @@ def keras_run(strategy, num_workers: int, rank, layer: str, save_dir=None):
         evaluate=float(evaluated),
         predict=np.asarray(predicted).reshape(-1).tolist(),
     )
-    if save_dir:
+    if save_dir and layer != "DecoratedCall":  # a subclassed model has no config to save
         # Every worker saves (MWMS); the chief's files are the real ones.
         target = write_dir(os.path.join(save_dir, layer), rank)
         model.save_weights(os.path.join(target, "weights"))  # TF checkpoint format

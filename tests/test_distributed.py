@@ -141,13 +141,15 @@ def test_mirrored_keras_fit_matches_one_device(flavor):
     else:
         log = f"{temp_workdir()}/mirrored-tf_keras.log"
         runs = cu.result_of(cu.start("mirrored_fit", {"legacy_keras": True}, log), log, TIMEOUT)
-    mirrored, one = runs["mirrored"], runs["one"]
-    assert mirrored["keys"] == one["keys"] == [1, 2, 3, 5, 7, 9]
-    np.testing.assert_allclose(mirrored["losses"], one["losses"], rtol=1e-5)
-    np.testing.assert_allclose(mirrored["rows"], one["rows"], rtol=1e-5, atol=1e-6)
-    for got, expected in zip(mirrored["dense"], one["dense"]):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    assert mirrored["slot_sizes"] == one["slot_sizes"] == [6, 6]
+    one = runs["one"]
+    # Also a subclassed model whose `call` is a tf.function, traced in each replica.
+    for mirrored in (runs["mirrored"], runs["mirrored_tf_function_call"]):
+        assert mirrored["keys"] == one["keys"] == [1, 2, 3, 5, 7, 9]
+        np.testing.assert_allclose(mirrored["losses"], one["losses"], rtol=1e-5)
+        np.testing.assert_allclose(mirrored["rows"], one["rows"], rtol=1e-5, atol=1e-6)
+        for got, expected in zip(mirrored["dense"], one["dense"]):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert mirrored["slot_sizes"] == one["slot_sizes"] == [6, 6]
 
 
 def _table(variable):
@@ -306,11 +308,15 @@ def test_pss_checkpoint_restores_into_other_shardings(where):
     np.testing.assert_allclose(restored["eval_loss"], trained["eval_losses"][-1], rtol=1e-5)
 
 
-def test_pss_keras_model_fit_trains_layer_and_slots_on_the_ps():
+@pytest.mark.parametrize("decorated_call", [False, True], ids=["functional", "tf_function_call"])
+def test_pss_keras_model_fit_trains_layer_and_slots_on_the_ps(decorated_call):
     """tf_keras `model.fit` under ParameterServerStrategy (Keras 3 has no support for
     that strategy): a de.keras.layers.Embedding and its Adam slots on the 2 PS, every
-    step applied, the regression learned."""
-    result, _ = _run_pss_chief("pss_keras_fit", "pssfit", steps=STEPS // 3)
+    step applied, the regression learned; also with the lookup in a `@tf.function`
+    `call` (TFRA's movielens-1m-keras-ps demo), whose gradient carries its keys."""
+    result, _ = _run_pss_chief(
+        "pss_keras_fit", "pssfit", steps=STEPS // 3, decorated_call=decorated_call
+    )
     ps = ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
     assert result["placement"] == ps
     assert result["slot_placement"] == [ps, ps]  # Adam's m and v

@@ -51,8 +51,8 @@ def workdir() -> str:
     return temp_workdir()
 
 
-def run_worker(mode: str, legacy_keras: bool) -> Any:
-    """Runs keras_worker.py `mode` in a fresh process; its JSON result."""
+def run_worker(mode: str, legacy_keras: bool, *args: str) -> Any:
+    """Runs keras_worker.py `mode` (with `args`) in a fresh process; its JSON result."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -60,7 +60,7 @@ def run_worker(mode: str, legacy_keras: bool) -> Any:
     if legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     proc = subprocess.run(
-        [sys.executable, WORKER, mode, workdir()],
+        [sys.executable, WORKER, mode, workdir(), *args],
         env=env,
         cwd=os.path.dirname(WORKER),
         capture_output=True,

@@ -260,7 +260,7 @@ LEGACY = {"TF_USE_LEGACY_KERAS": "1"}
 @functools.lru_cache(maxsize=None)
 def tf_keras_two_workers():
     workdir = temp_workdir()
-    args = {"layers": LAYERS, "legacy_keras": True, "optimizers": ["tf_keras_adam"]}
+    args = {"layers": LAYERS + ["DecoratedCall"], "legacy_keras": True, "optimizers": ["tf_keras_adam"]}
     workers, reference = run_cluster(
         "keras",
         2,
@@ -273,7 +273,7 @@ def tf_keras_two_workers():
     return {"workers": workers, "reference": reference, "dir": workdir}
 
 
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", LAYERS + ["DecoratedCall"])
 def test_tf_keras_fit_evaluate_predict_equal_one_process(layer):
     run = tf_keras_two_workers()
     reference = run["reference"][layer]

@@ -181,7 +181,7 @@ def views(request, monkeypatch):
 
 def _record_mode(monkeypatch):
     """Makes every trainable view created from now on record its step's tensors."""
-    monkeypatch.setattr(trainable_module, "_under_parameter_server_strategy", lambda: True)
+    monkeypatch.setattr(trainable_module, "under_parameter_server_strategy", lambda: True)
 
 
 class Run(NamedTuple):

@@ -19,6 +19,7 @@ The two differences the layers care about live in two mixins, defined per Keras:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, List, Optional
 
@@ -34,11 +35,44 @@ IS_KERAS3 = not Layer.__module__.startswith("tf_keras")
 if IS_KERAS3:
     import keras as keras_module
     from keras.src.backend.common import global_state as _keras3_global_state
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope as _in_symbolic_scope
 else:
     import tf_keras as keras_module
     from tf_keras.src.engine import base_layer_utils as _tf_keras_layer_utils
 
-__all__ = ["IS_KERAS3", "Layer", "keras_module", "CallerTracking", "Untracked", "ViewWeights"]
+__all__ = [
+    "IS_KERAS3",
+    "Layer",
+    "keras_module",
+    "CallerTracking",
+    "Untracked",
+    "ViewWeights",
+    "computing_output_spec",
+    "outside_stateless_scope",
+]
+
+
+@contextlib.contextmanager
+def outside_stateless_scope():
+    """Leaves Keras 3's stateless scope (its symbolic build, `compute_output_spec`)
+    for the duration: Keras variables cannot be created in it, and the optimizer
+    wrapper a layer installs in a model's first trace has some (a `tf.function` `call`
+    creates variables in its first trace only, which may be that build's)."""
+    if not IS_KERAS3:
+        yield
+        return
+    scope = _keras3_global_state.get_global_attribute("stateless_scope")
+    _keras3_global_state.set_global_attribute("stateless_scope", None)
+    try:
+        yield
+    finally:
+        _keras3_global_state.set_global_attribute("stateless_scope", scope)
+
+
+def computing_output_spec() -> bool:
+    """Whether Keras 3 is only computing output shapes and dtypes (its symbolic build
+    of a model, `compute_output_spec`): nothing traced there runs."""
+    return IS_KERAS3 and _in_symbolic_scope()
 
 
 def _merged(variables: List[Any], extra: List[Any]) -> List[Any]:

@@ -25,6 +25,7 @@ from tensorflow_dynemb.persistence.checkpoint import (
 )
 from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb.tables.content import TableContent
+from tensorflow_dynemb.tables.xla import refuse_xla
 from tensorflow_dynemb._convert import (
     KEY_DTYPES,
     VALUE_DTYPES,
@@ -140,7 +141,9 @@ class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.Trac
 
     def _placement(self):
         """`tf.device(device)` when the table was given one; the placer colocates the
-        other ops with the table's resource input."""
+        other ops with the table's resource input. Every table op is built under it,
+        so it is also where an op that XLA would fail to compile is refused."""
+        refuse_xla(self._name)
         return tf.device(self._device) if self._device else contextlib.nullcontext()
 
     # -- properties ----------------------------------------------------------------------

@@ -35,7 +35,7 @@ the same time, so buffers (variables) would be one set that all workers write. T
 written) and each lookup's output is a `tf.custom_gradient` whose gradient with respect
 to the token is an `IndexedSlices` indexing the lookup's own tensors (distinct ids,
 `exists`, rows), which `TrainableRows` records for the optimizer step of the same
-trace (`_StepRecord`; the record of the latest traced graph is kept). Every worker then works on its own tensors and
+trace (`StepRecord`; the record of the latest traced graph is kept). Every worker then works on its own tensors and
 shares nothing but the tables. The lookup and the optimizer step must be in one
 function (Keras' `train_step`, a `ClusterCoordinator`-scheduled step), as that
 strategy requires anyway.
@@ -50,6 +50,14 @@ from typing import Any, List, Optional, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb.variable import step_ops
+from tensorflow_dynemb.variable.step_record import (
+    StepRecord,
+    called_by_a_function,
+    gather_with_keyed_gradient,
+    gather_with_token_gradient,
+    under_parameter_server_strategy,
+    within,
+)
 
 try:  # Public API has no "is a tape recording?"; fall back to "maybe" without it.
     from tensorflow.python.eager.record import could_possibly_record as _tape_may_record
@@ -129,7 +137,7 @@ class TrainableRows:
         # The tf.distribute replica whose lookups use these buffers (None: no strategy).
         self.replica = replica
         # Whether lookups record their tensors instead of writing buffers.
-        self.records = _under_parameter_server_strategy()
+        self.records = under_parameter_server_strategy()
         # Named as TFRA's TrainableWrapper: `<variable scope>/<name>/<name>` (graph-unique
         # in a TF1 graph: `.../<name>_1` for another variable's view of that name), a
         # replica's `<name>/replica_<i>`.
@@ -146,6 +154,7 @@ class TrainableRows:
                 self.variable = _token(initial_rows, params, variable_name)
             else:
                 self._create_buffers(initial_rows, device, variable_name, ids)
+            self._unconsumed = self._unconsumed_flag(device, variable_name)
         setattr(self.variable, _OWNER_ATTR, self)
         # TFRA's TrainableWrapper has this method; code writes looked-up rows back by it.
         self.variable.update_op = self.update_op
@@ -163,8 +172,26 @@ class TrainableRows:
         self._graph_lookups = 0
         # Record mode: the lookups' tensors of the latest traced graph (only one is
         # kept: its tensors hold the graph alive), and of the pending eager step.
-        self._graph_record: Optional[Tuple[weakref.ref, _StepRecord]] = None
-        self._eager_record: Optional[_StepRecord] = None
+        self._graph_record: Optional[Tuple[weakref.ref, StepRecord]] = None
+        self._eager_record: Optional[StepRecord] = None
+        # Record mode: whether a lookup was traced in a function called by another
+        # (its gradient carries keys: `_read_keyed`).
+        self._keyed_lookups = False
+        # Whether a traced function has written the buffers (see `_unconsumed_flag`).
+        self._traced_writes = False
+
+    def _unconsumed_flag(self, device: Optional[str], name: str):
+        """A bool variable that a traced lookup sets and an optimizer step clears, or
+        None where no eager code needs to know (TF1 graphs, record mode).
+
+        An eager step may call a `tf.function` that looks ids up (a model whose `call`
+        is decorated, run with `run_eagerly=True`; an eager loop around a traced
+        forward pass): no Python of the lookup runs then, so only the function itself
+        can say that the buffers hold rows for the eager step to train (`pending`)."""
+        if self.records or _in_tf1_graph():
+            return None
+        with _maybe_device(device), _outside_strategy():
+            return tf.Variable(False, trainable=False, name=f"{name}_unconsumed")
 
     def _create_buffers(self, initial_rows: tf.Tensor, device: Optional[str], name: str, ids) -> None:
         # In a TF1 graph the buffers are local variables (see _buffer); they need
@@ -184,8 +211,11 @@ class TrainableRows:
 
     @property
     def pending(self) -> bool:
-        """Whether eager lookups wrote rows that no optimizer step consumed yet."""
-        return self._pending_eager
+        """Whether lookups wrote rows that no optimizer step consumed yet: eager
+        lookups, or (read eagerly) lookups of a traced function an eager step called."""
+        if self._pending_eager:
+            return True
+        return self._traced_writes and bool(self._unconsumed.numpy())
 
     # -- the lookup side -------------------------------------------------------------------
 
@@ -193,6 +223,8 @@ class TrainableRows:
         """The `[n, dim]` rows of the 1-D `flat_ids`, differentiable through `variable`."""
         unique_ids, index = step_ops.unique(flat_ids)
         rows, exists = self.params.lookup(unique_ids, return_exists=True)
+        if self.records and called_by_a_function():
+            return self._read_keyed(flat_ids, rows, index)
         if self.records:
             return self._read_recorded(unique_ids, exists, rows, index)
         return self._buffered_read(
@@ -215,6 +247,12 @@ class TrainableRows:
             index = index + offset
         else:
             writes = [buffer.assign(tensor) for buffer, tensor in contents]
+        if self._unconsumed is not None and not tf.executing_eagerly() and tape_may_record():
+            # Traced under a tape (the eager step's, or the function's own): the rows
+            # are for an optimizer step. A trace that no tape records (a training-mode
+            # call for outputs) leaves nothing pending.
+            self._traced_writes = True
+            writes.append(self._unconsumed.assign(True))
         with tf.control_dependencies(_ops_of(writes)):
             # The gradient's indices are this tensor: `consume` then reads the buffers
             # after these writes also when the gradient's values do not depend on the
@@ -238,26 +276,59 @@ class TrainableRows:
         if self._appends():
             record = self._record_here()
         else:
-            record = _StepRecord()
+            record = StepRecord()
             if tf.executing_eagerly():
                 self._eager_record = record
             else:
                 self._graph_record = (weakref.ref(tf.compat.v1.get_default_graph()), record)
         positions = record.append(unique_ids, exists, rows, index)
-        return _gather_with_token_gradient(self.variable, rows, index, positions, record.size)
+        return gather_with_token_gradient(self.variable, rows, index, positions, record.size)
 
-    def _record_here(self) -> "_StepRecord":
+    def _read_keyed(self, flat_ids, rows, index) -> tf.Tensor:
+        """Record mode, in a function that another function calls (a `call` decorated
+        with `@tf.function` in a Keras `train_step`): the optimizer step is in the
+        caller, which cannot use this function's tensors, so the gradient carries the
+        keys themselves (see `step_record.gather_with_keyed_gradient`)."""
+        if not (self.params.key_dtype.is_integer):
+            raise TypeError(
+                f"Under ParameterServerStrategy, trainable view {self.name!r} of "
+                f"de.Variable {self.params.name!r} (keys {self.params.key_dtype.name}) is "
+                "looked up in a tf.function called by the training step (e.g. a `call` "
+                "decorated with @tf.function); that needs integer keys. Remove the "
+                "decorator, so that the lookup is traced in the step itself."
+            )
+        self._keyed_lookups = True
+        return gather_with_keyed_gradient(self.variable, rows, index, flat_ids)
+
+    def _gradient_is_keyed(self) -> bool:
+        """Record mode: whether the gradient applied here carries keys (the lookups
+        were in a function the step calls) rather than positions in a record."""
+        return self._keyed_lookups and self._positional_record_here() is None
+
+    def _positional_record_here(self) -> Optional["StepRecord"]:
+        if tf.executing_eagerly():
+            return self._eager_record
+        recorded_graph, record = self._graph_record or (None, None)
+        if recorded_graph is None or not within(
+            tf.compat.v1.get_default_graph(), recorded_graph()
+        ):
+            return None
+        return record
+
+    def _consume_keyed(self, gradient) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`consume` of a keyed gradient: its keys, and their rows and existence read
+        from the table now (a missing key reads its initial row again: the same row
+        for constant and key-seeded random initializers)."""
+        keys = tf.cast(gradient.indices, self.params.key_dtype)
+        unique_keys, index = step_ops.unique(keys)
+        rows, exists = self.params.lookup(unique_keys, return_exists=True)
+        return keys, tf.gather(rows, index), tf.gather(exists, index), gradient.values
+
+    def _record_here(self) -> "StepRecord":
         """The record of the step being built: eagerly the pending one; in a graph, the
         one of this graph or of a graph enclosing it (a tf.cond branch may apply
         gradients of lookups made outside it)."""
-        if tf.executing_eagerly():
-            record = self._eager_record
-        else:
-            recorded_graph, record = self._graph_record or (None, None)
-            if recorded_graph is None or not _within(
-                tf.compat.v1.get_default_graph(), recorded_graph()
-            ):
-                record = None
+        record = self._positional_record_here()
         if record is None:
             raise ValueError(
                 f"The gradient of trainable view {self.name!r} of de.Variable "
@@ -287,7 +358,7 @@ class TrainableRows:
         """Whether the buffer, as the current graph (or eager context) sees it, was
         written by exactly one lookup, so that its `ids` are distinct."""
         if self.records:
-            return self._record_here().lookups == 1
+            return not self._gradient_is_keyed() and self._record_here().lookups == 1
         if tf.executing_eagerly():
             return self._pending_eager and self._eager_lookups == 1
         graph = tf.compat.v1.get_default_graph()
@@ -341,6 +412,8 @@ class TrainableRows:
         """The keys, old rows, existence and gradient rows behind `gradient` (the
         gradient of `variable`), one entry per gradient row (keys may repeat), and marks
         the buffer consumed (an eager lookup after this overwrites it)."""
+        if self.records and self._gradient_is_keyed():
+            return self._consume_keyed(gradient)
         if isinstance(gradient, tf.IndexedSlices):
             values, index = gradient.values, gradient.indices
         else:  # a dense gradient: one row per buffer row
@@ -373,6 +446,9 @@ class TrainableRows:
     def _mark_consumed(self) -> None:
         if tf.executing_eagerly():
             self._pending_eager = False
+        if self._traced_writes:
+            # Inside a function, the automatic control dependencies run this assign.
+            self._unconsumed.assign(False)
 
     def after_step(self) -> List[Any]:
         """Called by the optimizer once it has written this view's rows back to the
@@ -385,74 +461,8 @@ class TrainableRows:
         return f"<de.TrainableRows of {self.params.name!r} name={self.name!r}>"
 
 
-class _StepRecord:
-    """Record mode: the tensors the lookups of one view made in one step (one traced
-    graph, or eagerly until an optimizer step consumes them)."""
-
-    def __init__(self):
-        self.ids, self.exists, self.rows = [], [], []
-        self.size = None  # rows recorded so far (a scalar tensor once a lookup is in)
-
-    @property
-    def lookups(self) -> int:
-        return len(self.ids)
-
-    def append(self, ids, exists, rows, index) -> tf.Tensor:
-        """Adds one lookup's distinct ids, existence and rows; returns `index` shifted
-        to positions in the whole record."""
-        count = tf.shape(ids, out_type=index.dtype)[0]
-        positions = index if self.size is None else index + self.size
-        self.size = count if self.size is None else self.size + count
-        self.ids.append(ids)
-        self.exists.append(exists)
-        self.rows.append(rows)
-        return positions
-
-    def tensors(self) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """`(ids, rows, exists)` of every recorded lookup, concatenated."""
-        if self.lookups == 1:
-            return self.ids[0], self.rows[0], self.exists[0]
-        return tf.concat(self.ids, 0), tf.concat(self.rows, 0), tf.concat(self.exists, 0)
-
-
-def _gather_with_token_gradient(token, rows, index, positions, size):
-    """`tf.gather(rows, index)`, whose gradient with respect to `token` is the
-    `IndexedSlices` `(upstream, positions)` over a `[size, dim]` record (`positions`:
-    `index` shifted to this lookup's place in the record; the rows themselves, read
-    from a table, have no gradient)."""
-
-    @tf.custom_gradient
-    def gather(token_value, rows):
-        del token_value  # read only so that the tape links the output to the token
-
-        def grad(upstream):
-            dense_shape = tf.stack([tf.cast(size, tf.int64), tf.shape(rows, out_type=tf.int64)[1]])
-            return tf.IndexedSlices(upstream, positions, dense_shape), None
-
-        return tf.gather(rows, index), grad
-
-    return gather(token, rows)
-
-
-def _within(graph, outer) -> bool:
-    """Whether `graph` is `outer` or a graph nested in it (a tf.cond / tf.while_loop
-    body)."""
-    while graph is not None:
-        if graph is outer:
-            return True
-        graph = getattr(graph, "outer_graph", None)
-    return False
-
-
 def _scope_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "lookup"
-
-
-def _under_parameter_server_strategy() -> bool:
-    """Whether views are made under a ParameterServerStrategy (record mode)."""
-    if not tf.distribute.has_strategy():
-        return False
-    return "ParameterServerStrategy" in type(tf.distribute.get_strategy()).__name__
 
 
 def _token(initial_rows: tf.Tensor, params, name: str):

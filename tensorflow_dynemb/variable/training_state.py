@@ -121,7 +121,9 @@ class TrainingState:
             while name in self._trainables:
                 name, i = f"{base}_{i}", i + 1
         # Under a tf.distribute strategy, every replica has its own view.
-        replica = replica_key()
+        return self._view_of_replica(name, replica_key(), ids)
+
+    def _view_of_replica(self, name: str, replica: Optional[int], ids=None) -> TrainableRows:
         key = _view_key(name, replica)
         rows = self._trainables.get(key)
         if rows is None:
@@ -130,6 +132,24 @@ class TrainingState:
             rows = view_class(self, name, replica=replica, ids=ids)
             self._trainables[key] = rows
         return rows
+
+    def _make_views(self, name: str) -> None:
+        """Makes the views called `name` that this function's traces may train through:
+        the current replica's and, under a strategy whose replicas are this process's
+        devices (MirroredStrategy), every replica's.
+
+        A `tf.function` creates variables in its first trace only, and the first trace
+        of a function that trains later may only read (Keras 3's symbolic build of a
+        model whose `call` is a `tf.function`; an inference call first): each trace of
+        a trainable lookup makes the views, so that the first one does."""
+        self._trainable_rows(name)
+        if not tf.distribute.has_strategy():
+            return
+        strategy = tf.distribute.get_strategy()
+        if len(strategy.extended.worker_devices) != strategy.num_replicas_in_sync:
+            return  # replicas in other processes (MultiWorkerMirrored, PS): not ours
+        for replica in range(strategy.num_replicas_in_sync):
+            self._view_of_replica(name, replica)
 
     def _adopt_view(self, rows: TrainableRows) -> None:
         """Makes `rows`, a view made outside `_trainable_rows` (a

@@ -52,7 +52,9 @@ from tensorflow_dynemb.keras._compat import (
     Layer,
     Untracked,
     ViewWeights,
+    computing_output_spec,
     keras_module,
+    outside_stateless_scope,
 )
 from tensorflow_dynemb.variable.lookup import embedding_lookup, embedding_lookup_unique
 from tensorflow_dynemb.training.optimizer import DynamicEmbeddingOptimizer, wrapped
@@ -200,8 +202,11 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         self._restrict_policy_arg = restrict_policy
         self._checkpoint_arg = bool(checkpoint)
         self._init_size = init_size
-        # The trainable views this layer looked up: per graph (weakly), and eagerly.
-        self._step = Untracked(graph_views=weakref.WeakKeyDictionary(), eager_views=[])
+        # The trainable views this layer looked up: per graph (weakly), eagerly, and the
+        # latest one traced in any graph, per tf.distribute replica.
+        self._step = Untracked(
+            graph_views=weakref.WeakKeyDictionary(), eager_views=[], traced_views={}
+        )
         self.params = Variable(
             key_dtype=key_dtype,
             value_dtype=value_dtype,
@@ -235,15 +240,19 @@ class Embedding(ViewWeights, CallerTracking, Layer):
     def _rows(self, ids, training) -> tf.Tensor:
         """`ids.shape + [embedding_size]` rows; through the trainable view when this
         call may be trained (see the module docstring)."""
-        _check_not_floating(ids)
+        ids = _checked_ids(ids, self.params.key_dtype)
+        if tf.inside_function() and self.trainable:
+            # Any trace makes the variables a training trace of the same function will
+            # use (the views, the optimizer wrapper): a tf.function creates variables in
+            # its first trace only, which may read (Keras 3's symbolic build, a
+            # SavedModel's trace, a first inference call).
+            self.params._make_views(self.name)
+            self._wrap_model_optimizer()
         if not self._may_train(training):
             return self._read_rows(ids)
         if _export_context.read_only():
             # A SavedModel serves: its functions (tf_keras traces training=True ones
-            # too) read the table and capture no trainable view. The view a live trace
-            # would use is still made here: a tf.function creates variables in its
-            # first trace only, and this may be that trace (saved before any call).
-            self.params._trainable_rows(self.name)
+            # too) read the table and capture no trainable view.
             return self._read_rows(ids)
         lookup = embedding_lookup_unique if self.with_unique else embedding_lookup
         rows, view = lookup(
@@ -279,6 +288,7 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             return
         graph = tf.compat.v1.get_default_graph()
         replica = replica_key()  # the replicas of a tf.distribute strategy trace one graph
+        self._step.traced_views[replica] = view
         while True:
             self._step.graph_views.setdefault(graph, {})[replica] = [view]
             # A lookup inside a tf.cond / tf.while_loop body serves the enclosing graph.
@@ -292,10 +302,24 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         no optimizer step has consumed yet."""
         if not self.trainable:
             return []
+        replica = replica_key()
         if tf.executing_eagerly():
-            return [v for v in self._step.eager_views if _has_pending_rows(v)]
-        views = self._step.graph_views.get(tf.compat.v1.get_default_graph(), {})
-        return list(views.get(replica_key(), []))
+            # Also a view a traced function looked up (a decorated `call` of an eager
+            # step) whose rows no optimizer step has consumed yet.
+            traced = self._step.traced_views.get(replica)
+            candidates = self._step.eager_views + ([traced] if traced is not None else [])
+            return [v for v in _distinct(candidates) if _has_pending_rows(v)]
+        graph = tf.compat.v1.get_default_graph()
+        views = self._step.graph_views.get(graph, {}).get(replica)
+        if views:
+            return list(views)
+        # Looked up in a function this graph calls (a `@tf.function` `call`, a helper
+        # function of a custom step): the lookup ran in that function's graph, and, as
+        # that function's trace may be reused by several traces of the caller, the
+        # caller is told by what it captures: a graph that reads the view, directly or
+        # through any function it calls, captures the view's handle.
+        view = self._step.traced_views.get(replica)
+        return [view] if view is not None and _captures(graph, view) else []
 
     def _wrap_model_optimizer(self) -> None:
         """Switches the calling model's plain Keras optimizer to
@@ -305,7 +329,7 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         if optimizer is None or wrapped(optimizer) is not None:
             return
         # Out of any function being traced: the wrapper creates variables.
-        with tf.init_scope():
+        with tf.init_scope(), outside_stateless_scope():
             model.optimizer = DynamicEmbeddingOptimizer(optimizer)
 
     # -- saving ---------------------------------------------------------------------------
@@ -397,16 +421,35 @@ def _init_size(init_capacity: Optional[int], init_size: Optional[int]) -> int:
             return value
     return 0
 
-def _check_not_floating(ids) -> None:
-    """Floating ids are Keras' default input dtype, not ids: say how to declare them
-    (casting would silently merge ids above 2**24)."""
+def _checked_ids(ids, key_dtype: tf.dtypes.DType):
+    """`ids`, refused when floating: Keras' default input dtype, not ids; the error
+    says how to declare them (casting would silently merge ids above 2**24).
+
+    Except while Keras 3 only computes output specs: its symbolic build of a subclassed
+    model under a tf.distribute strategy feeds float32 placeholders for integer data
+    (the data itself stays integer). Nothing computed there runs, so placeholders of
+    the key dtype stand in for them."""
     dtype = getattr(ids, "dtype", None)
-    if dtype is not None and tf.as_dtype(dtype).is_floating:
-        raise TypeError(
-            f"Embedding ids must be integers or strings, got {tf.as_dtype(dtype).name}: "
-            "declare the model input with its dtype, e.g. "
-            "`keras.Input(shape=(n,), dtype=\"int64\")`."
-        )
+    if dtype is None or not tf.as_dtype(dtype).is_floating:
+        return ids
+    if computing_output_spec():
+        return tf.zeros_like(ids, dtype=key_dtype)
+    raise TypeError(
+        f"Embedding ids must be integers or strings, got {tf.as_dtype(dtype).name}: "
+        "declare the model input with its dtype, e.g. "
+        "`keras.Input(shape=(n,), dtype=\"int64\")`."
+    )
+
+
+def _distinct(variables: List[tf.Variable]) -> List[tf.Variable]:
+    seen = set()
+    return [v for v in variables if not (id(v) in seen or seen.add(id(v)))]
+
+
+def _captures(graph, variable: tf.Variable) -> bool:
+    """Whether the function graph `graph` reads `variable` (captures its handle)."""
+    handle = variable.handle
+    return any(t is handle for t in getattr(graph, "external_captures", ()))
 
 
 def _has_pending_rows(view: tf.Variable) -> bool:

@@ -1,0 +1,95 @@
+"""Training works in every context users write it in, or fails loudly (issue 34).
+
+Each scenario of `context_scenarios.py` trains the same model on the same batches in
+another context (a `@tf.function` `call`, nested helper functions, Sequential /
+functional / subclassed, `run_eagerly`, custom steps and loops). Each must store every
+id it saw, move every row from its initial value, and end with the very table and dense
+weights that the eager functional model ends with. Keras 3 runs in this process,
+tf_keras in a subprocess (`TF_USE_LEGACY_KERAS=1`). The strategies' contexts are tested
+with their clusters: MirroredStrategy in test_distributed.py, ParameterServerStrategy
+and MultiWorkerMirroredStrategy in test_distributed.py / test_multi_worker.py (each with
+a model whose `call` is a `tf.function`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from typing import Any, Dict
+
+import numpy as np
+import pytest
+
+import context_scenarios
+from test_keras_layers import run_worker, workdir
+
+FLAVORS = ["keras3", "tf_keras"]
+CONTEXTS = [
+    name
+    for name in context_scenarios.SCENARIOS
+    if name not in ("reference", "jit_compile", "function_jit_compile")
+]
+
+
+@functools.lru_cache(maxsize=None)
+def tf_keras_results() -> Dict[str, Any]:
+    return run_worker("scenarios", True, "context_scenarios")
+
+
+@functools.lru_cache(maxsize=None)
+def keras3_result(name: str) -> Any:
+    return json.loads(json.dumps(context_scenarios.SCENARIOS[name](workdir())))
+
+
+def result(name: str, flavor: str) -> Any:
+    if flavor == "tf_keras" and importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf_keras is not installed")
+    got = keras3_result(name) if flavor == "keras3" else tf_keras_results()[name]
+    if isinstance(got, dict) and "error" in got:
+        raise AssertionError(f"scenario {name} failed with {flavor}:\n{got['error']}")
+    return got
+
+
+def distinct_ids() -> list:
+    return sorted(np.unique(context_scenarios.IDS).tolist())
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_reference_stores_and_trains_every_id(flavor):
+    got = result("reference", flavor)
+    assert got["size"] == len(distinct_ids())
+    assert got["keys"] == distinct_ids()
+    moved = np.abs(np.subtract(got["rows"], got["initial_rows"])).max(axis=1)
+    assert (moved > 1e-3).all(), f"rows left untrained: {moved}"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_context_trains_as_the_eager_reference(flavor, context):
+    reference, got = result("reference", flavor), result(context, flavor)
+    assert got["size"] == len(distinct_ids()), f"{context}: the table holds {got['size']} ids"
+    assert got["keys"] == reference["keys"]
+    np.testing.assert_allclose(got["rows"], reference["rows"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["kernel"], reference["kernel"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_jit_compile_true_in_compile(flavor):
+    """Keras 3 trains without XLA (the layers have `supports_jit = False`); tf_keras
+    compiles with XLA, and the table refuses at trace time, naming jit_compile."""
+    got = result("jit_compile", flavor)
+    if flavor == "keras3":
+        reference = result("reference", flavor)
+        np.testing.assert_allclose(got["rows"], reference["rows"], rtol=1e-5, atol=1e-6)
+    else:
+        assert "jit_compile=True" in got["error_message"]
+        assert got["size"] == 0
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_tf_function_with_jit_compile_is_refused_at_trace_time(flavor):
+    got = result("function_jit_compile", flavor)
+    assert "jit_compile=True" in got["error_message"]
+    assert "cannot be compiled by XLA" in got["error_message"]
+    assert got["size"] == 0
