@@ -204,6 +204,15 @@ def tf_function_call_graph(workdir):
 
 
 @scenario
+def tf_function_call_unbuilt(workdir):
+    """Not built before `fit`: Keras 3 first traces the decorated `call` in its
+    symbolic build, and reuses that trace for training."""
+    model = TfFunctionCall()
+    fit(model)
+    return trained(model.user, model.out)
+
+
+@scenario
 def tf_function_call_eager(workdir):
     """run_eagerly=True: the step is eager, the decorated `call` still a function."""
     model, layer, out = subclassed(TfFunctionCall)
@@ -305,3 +314,26 @@ def function_jit_compile(workdir):
 
 def keras_flavor() -> str:
     return "keras3" if IS_KERAS3 else "tf_keras"
+
+
+@scenario
+def issue_34_reproduction(workdir):
+    """Issue 34's minimal reproduction, as written there: 4 ids stored and trained."""
+
+    class M(K.Model):
+        def __init__(self):
+            super().__init__()
+            self.e = de.keras.layers.Embedding(4, name="e")
+            self.d = K.layers.Dense(1)
+
+        @tf.function
+        def call(self, x):
+            return self.d(tf.reduce_sum(self.e(x), axis=1))
+
+    m = M()
+    m.compile(optimizer=de.DynamicEmbeddingOptimizer(K.optimizers.Adam(1e-2)), loss="mse")
+    x = np.array([[1, 2], [3, 4]])
+    before = m.e.variable.lookup(tf.constant([1, 2, 3, 4], tf.int64)).numpy()
+    m.fit(x, np.array([[1.0], [2.0]]), epochs=3, verbose=0)
+    after = m.e.variable.lookup(tf.constant([1, 2, 3, 4], tf.int64)).numpy()
+    return {"size": int(m.e.variable.size()), "moved": np.abs(after - before).max(axis=1).tolist()}

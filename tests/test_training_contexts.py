@@ -28,7 +28,7 @@ FLAVORS = ["keras3", "tf_keras"]
 CONTEXTS = [
     name
     for name in context_scenarios.SCENARIOS
-    if name not in ("reference", "jit_compile", "function_jit_compile")
+    if name not in ("reference", "jit_compile", "function_jit_compile", "issue_34_reproduction")
 ]
 
 
@@ -93,3 +93,10 @@ def test_tf_function_with_jit_compile_is_refused_at_trace_time(flavor):
     assert "jit_compile=True" in got["error_message"]
     assert "cannot be compiled by XLA" in got["error_message"]
     assert got["size"] == 0
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_issue_34_reproduction_stores_and_trains_its_ids(flavor):
+    got = result("issue_34_reproduction", flavor)
+    assert got["size"] == 4
+    assert min(got["moved"]) > 1e-3, got["moved"]

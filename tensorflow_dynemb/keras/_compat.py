@@ -48,6 +48,7 @@ __all__ = [
     "Untracked",
     "ViewWeights",
     "computing_output_spec",
+    "leave_symbolic_build",
     "outside_stateless_scope",
 ]
 
@@ -67,6 +68,23 @@ def outside_stateless_scope():
         yield
     finally:
         _keras3_global_state.set_global_attribute("stateless_scope", scope)
+
+
+def leave_symbolic_build() -> bool:
+    """Ends Keras 3's symbolic build (its stateless and symbolic scopes) for the rest of
+    the `compute_output_spec` it is in, if no Keras variable was created in it yet;
+    returns whether it did. Keras restores its own scopes when that call ends.
+
+    Why: a model whose `call` is a `tf.function` is first traced inside that build,
+    where Keras variables are created uninitialised and read as their initial values
+    (constants). The trace is cached and reused for training, which then would not
+    train those layers. Left early, the layers the trace builds after this point get
+    real variables, read as variables."""
+    if _keras3_global_state.get_global_attribute("uninitialized_variables"):
+        return False
+    _keras3_global_state.set_global_attribute("stateless_scope", None)
+    _keras3_global_state.set_global_attribute("symbolic_scope", None)
+    return True
 
 
 def computing_output_spec() -> bool:

@@ -54,11 +54,13 @@ from tensorflow_dynemb.keras._compat import (
     ViewWeights,
     computing_output_spec,
     keras_module,
+    leave_symbolic_build,
     outside_stateless_scope,
 )
 from tensorflow_dynemb.variable.lookup import embedding_lookup, embedding_lookup_unique
 from tensorflow_dynemb.training.optimizer import DynamicEmbeddingOptimizer, wrapped
 from tensorflow_dynemb.variable.sharding import default_partition_fn
+from tensorflow_dynemb.variable.step_record import called_by_a_function
 from tensorflow_dynemb.variable.trainable import replica_key, rows_of, tape_may_record
 from tensorflow_dynemb.variable.variable import Variable
 
@@ -204,8 +206,11 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         self._init_size = init_size
         # The trainable views this layer looked up: per graph (weakly), eagerly, and the
         # latest one traced in any graph, per tf.distribute replica.
+        # Whether this layer's latest trace was Keras 3's symbolic build (see
+        # `_listed_views`).
         self._step = Untracked(
-            graph_views=weakref.WeakKeyDictionary(), eager_views=[], traced_views={}
+            graph_views=weakref.WeakKeyDictionary(), eager_views=[], traced_views={},
+            latest_trace_symbolic=False,
         )
         self.params = Variable(
             key_dtype=key_dtype,
@@ -224,6 +229,11 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             admit_policy=admit_policy,
         )
 
+    @property
+    def variable(self) -> Variable:
+        """The layer's `de.Variable`; another name for `params`."""
+        return self.params
+
     @staticmethod
     def _check_combiner(combiner: Any) -> None:
         if not isinstance(combiner, str):
@@ -241,6 +251,12 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         """`ids.shape + [embedding_size]` rows; through the trainable view when this
         call may be trained (see the module docstring)."""
         ids = _checked_ids(ids, self.params.key_dtype)
+        if tf.inside_function():
+            if computing_output_spec() and called_by_a_function():
+                # A decorated `call` first traced by Keras 3's symbolic build: that
+                # trace is reused for training (see `leave_symbolic_build`).
+                leave_symbolic_build()
+            self._step.latest_trace_symbolic = computing_output_spec()
         if tf.inside_function() and self.trainable:
             # Any trace makes the variables a training trace of the same function will
             # use (the views, the optimizer wrapper): a tf.function creates variables in
@@ -319,7 +335,19 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         # caller is told by what it captures: a graph that reads the view, directly or
         # through any function it calls, captures the view's handle.
         view = self._step.traced_views.get(replica)
-        return [view] if view is not None and _captures(graph, view) else []
+        if view is None or not _captures(graph, view):
+            return []
+        if self._step.latest_trace_symbolic:
+            raise ValueError(
+                f"Layer {self.name!r} is trained through a tf.function (a `call` decorated "
+                "with @tf.function) whose only trace is the one Keras 3 made to build the "
+                "model symbolically, in a stateless scope; Keras reuses that trace for "
+                "training, where it does not train correctly (stock layers get no "
+                "gradients there). Build the model by calling it on a batch of data "
+                "(`model(batch)`) before fit / evaluate / predict, or remove the "
+                "@tf.function decorator (Keras compiles `call` anyway)."
+            )
+        return [view]
 
     def _wrap_model_optimizer(self) -> None:
         """Switches the calling model's plain Keras optimizer to
