@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, List, Optional
 
 import tensorflow as tf
@@ -48,6 +49,7 @@ __all__ = [
     "Untracked",
     "ViewWeights",
     "computing_output_spec",
+    "in_stateless_build",
     "leave_symbolic_build",
     "outside_stateless_scope",
 ]
@@ -84,13 +86,37 @@ def leave_symbolic_build() -> bool:
         return False
     _keras3_global_state.set_global_attribute("stateless_scope", None)
     _keras3_global_state.set_global_attribute("symbolic_scope", None)
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:  # still computing specs only, for `computing_output_spec`
+        _left_builds.add(graph)
+        graph = getattr(graph, "outer_graph", None)
     return True
+
+
+# The graphs of symbolic builds left by `leave_symbolic_build`.
+_left_builds: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def in_stateless_build() -> bool:
+    """Whether Keras 3 variables created or read here are stand-ins (its stateless
+    scope, during a symbolic build that `leave_symbolic_build` did not end)."""
+    return IS_KERAS3 and _keras3_global_state.get_global_attribute("stateless_scope") is not None
 
 
 def computing_output_spec() -> bool:
     """Whether Keras 3 is only computing output shapes and dtypes (its symbolic build
-    of a model, `compute_output_spec`): nothing traced there runs."""
-    return IS_KERAS3 and _in_symbolic_scope()
+    of a model, `compute_output_spec`, also after `leave_symbolic_build`): nothing
+    traced there runs."""
+    if not IS_KERAS3:
+        return False
+    if _in_symbolic_scope():
+        return True
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        if graph in _left_builds:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
 
 
 def _merged(variables: List[Any], extra: List[Any]) -> List[Any]:

@@ -53,6 +53,7 @@ from tensorflow_dynemb.keras._compat import (
     Untracked,
     ViewWeights,
     computing_output_spec,
+    in_stateless_build,
     keras_module,
     leave_symbolic_build,
     outside_stateless_scope,
@@ -252,11 +253,11 @@ class Embedding(ViewWeights, CallerTracking, Layer):
         call may be trained (see the module docstring)."""
         ids = _checked_ids(ids, self.params.key_dtype)
         if tf.inside_function():
-            if computing_output_spec() and called_by_a_function():
+            if in_stateless_build() and called_by_a_function():
                 # A decorated `call` first traced by Keras 3's symbolic build: that
                 # trace is reused for training (see `leave_symbolic_build`).
                 leave_symbolic_build()
-            self._step.latest_trace_symbolic = computing_output_spec()
+            self._step.latest_trace_symbolic = in_stateless_build()
         if tf.inside_function() and self.trainable:
             # Any trace makes the variables a training trace of the same function will
             # use (the views, the optimizer wrapper): a tf.function creates variables in
