@@ -1,6 +1,6 @@
 """End-to-end demo: train a click-through-rate model on dynamic embeddings.
 
-    python -m tensorflow_dynemb.demo [--rows 1000000] [--vocab 1000000] [--features 7]
+    python -m tensorflow_dynemb.demo [--data synthetic|movielens] [--rows 1000000] [--vocab 1000000] [--features 7]
         [--epochs 1] [--batch-size 1024] [--dim 8] [--workdir DIR] [--keep] [--seed 0]
         [--min-auc 0.7]
 
@@ -399,6 +399,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "embeddings, then export it as SavedModels and serve them.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    p.add_argument("--data", choices=("synthetic", "movielens"), default="synthetic",
+                   help="synthetic: the generated click log; movielens: MovieLens-100k ratings "
+                        "(liked or not), beside a static-vocabulary Keras model "
+                        "(tensorflow_dynemb/demo_movielens.py; needs pyarrow)")
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the click log")
     p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB,
                    help="possible ids of the largest feature (user_id); item_id and "
@@ -407,8 +411,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"number of categorical features; past {len(FEATURES)}, generic ones are added")
     # One pass: CTR models memorise rare ids in a second epoch and the held-out
     # AUC drops (the "one-epoch phenomenon"); scale --rows instead.
-    p.add_argument("--epochs", type=int, default=1, help="passes over the training rows")
-    p.add_argument("--batch-size", type=int, default=1024, help="rows per training step")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the training rows (default: 1; movielens: 3)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="rows per training step (default: 1024; movielens: 256)")
     p.add_argument("--dim", type=int, default=8, help="embedding dimension")
     p.add_argument("--learning-rate", type=float, default=0.002, help="Adam's learning rate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of the rows held out for evaluation")
@@ -418,11 +424,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default: a new temporary directory, removed at the end unless --keep)")
     p.add_argument("--keep", action="store_true",
                    help="keep the temporary directory with the checkpoint and the SavedModels")
-    p.add_argument("--min-auc", type=float, default=0.7, help="exit with status 1 below this held-out AUC")
+    p.add_argument("--min-auc", type=float, default=None,
+                   help="exit with status 1 below this held-out AUC (default: 0.7; movielens: 0.72)")
     p.add_argument("--verbose", type=int, default=None, choices=(0, 1, 2),
                    help="model.fit verbosity: 1 progress bar, 2 one line per epoch, 0 silent "
                         "(default: 1 when stdout is a terminal, else 2)")
     args = p.parse_args(argv)
+    for name, synthetic, movielens in (("epochs", 1, 3), ("batch_size", 1024, 256), ("min_auc", 0.7, 0.72)):
+        if getattr(args, name) is None:
+            setattr(args, name, movielens if args.data == "movielens" else synthetic)
     if args.verbose is None:
         # Redirected, Keras' progress bar is one line rewritten with "\r" at every
         # step: tens of KB without a line break.
@@ -454,6 +464,10 @@ def main(argv=None) -> int:
     # error line on a machine without a GPU driver) is still held back.
     _quiet_start.start_tensorflow_quietly()
     with demo_workdir(args.workdir, args.keep) as (workdir, kept):
+        if args.data == "movielens":
+            from tensorflow_dynemb import demo_movielens
+
+            return demo_movielens.run(args, workdir, kept)
         return run(args, workdir, kept)
 
 
