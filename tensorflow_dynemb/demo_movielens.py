@@ -27,7 +27,6 @@ import time
 from typing import Dict, Tuple
 
 import numpy as np
-import tensorflow as tf
 from tensorflow import keras
 
 from tensorflow_dynemb import demo

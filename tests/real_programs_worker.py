@@ -26,7 +26,6 @@ Arguments: `flavor` ("keras3" or "tf_keras"), `workdir`, `steps` (training steps
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Dict

@@ -40,7 +40,8 @@ import tensorflow as tf
 from tensorflow_dynemb.distribute.cluster import WorkerGroup
 from tensorflow_dynemb.distribute.collectives import Exchange, gather_rows
 from tensorflow_dynemb.variable import step_ops
-from tensorflow_dynemb.variable.trainable import TrainableRows, _buffer, _outside_strategy
+from tensorflow_dynemb.variable.trainable import TrainableRows
+from tensorflow_dynemb.variable.view_buffers import make_buffer, outside_strategy
 
 __all__ = [
     "ModelParallelRows",
@@ -110,8 +111,8 @@ class ModelParallelRows(TrainableRows):
 
     def _create_buffers(self, initial_rows: tf.Tensor, device, name: str, ids) -> None:
         super()._create_buffers(initial_rows, device, name, ids)
-        with _outside_strategy():
-            self.occurrences = _buffer(
+        with outside_strategy():
+            self.occurrences = make_buffer(
                 tf.zeros([0], tf.int32), f"{name}_occurrences", False, False
             )
 

@@ -10,6 +10,8 @@ token variable is an `IndexedSlices` indexing the lookup's own tensors (distinct
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import tensorflow as tf
 
 __all__ = [

@@ -23,6 +23,9 @@ gradient still maps to the right keys:
   buffer, later lookups in the same trace append.
 Eager lookups made while no `tf.GradientTape` records (evaluation, inference) bypass
 the buffer and read the tables directly, so they neither cost a copy nor grow it.
+A lookup traced under a tape in a function that an eager step calls also sets a flag
+variable that the optimizer step clears (`pending`), so that the eager step knows the
+buffer holds rows to train.
 
 A `de.shadow_ops.ShadowVariable` is a view whose buffers a model holds: its subclass
 of `TrainableRows` (shadow_ops) adopts them (`_create_buffers`), reads its rows buffer
@@ -35,7 +38,8 @@ the same time, so buffers (variables) would be one set that all workers write. T
 written) and each lookup's output is a `tf.custom_gradient` whose gradient with respect
 to the token is an `IndexedSlices` indexing the lookup's own tensors (distinct ids,
 `exists`, rows), which `TrainableRows` records for the optimizer step of the same
-trace (`StepRecord`; the record of the latest traced graph is kept). Every worker then works on its own tensors and
+trace (`StepRecord`, step_record.py; the record of the latest traced graph is kept;
+a lookup in a function the step calls sends its keys with its gradient instead). Every worker then works on its own tensors and
 shares nothing but the tables. The lookup and the optimizer step must be in one
 function (Keras' `train_step`, a `ClusterCoordinator`-scheduled step), as that
 strategy requires anyway.
@@ -43,13 +47,20 @@ strategy requires anyway.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
 from tensorflow_dynemb.variable import step_ops
+from tensorflow_dynemb.variable.view_buffers import (
+    make_buffer,
+    in_tf1_graph,
+    local_placement,
+    maybe_device,
+    outside_strategy,
+    token,
+)
 from tensorflow_dynemb.variable.step_record import (
     StepRecord,
     called_by_a_function,
@@ -151,7 +162,7 @@ class TrainableRows:
             initial_rows = tf.zeros([0, params.dim], params.value_dtype)
             if self.records:
                 self.ids = self.exists = None
-                self.variable = _token(initial_rows, params, variable_name)
+                self.variable = token(initial_rows, params, variable_name)
             else:
                 self._create_buffers(initial_rows, device, variable_name, ids)
             self._unconsumed = self._unconsumed_flag(device, variable_name)
@@ -188,21 +199,21 @@ class TrainableRows:
         is decorated, run with `run_eagerly=True`; an eager loop around a traced
         forward pass): no Python of the lookup runs then, so only the function itself
         can say that the buffers hold rows for the eager step to train (`pending`)."""
-        if self.records or _in_tf1_graph():
+        if self.records or in_tf1_graph():
             return None
-        with _maybe_device(device), _outside_strategy():
+        with maybe_device(device), outside_strategy():
             return tf.Variable(False, trainable=False, name=f"{name}_unconsumed")
 
     def _create_buffers(self, initial_rows: tf.Tensor, device: Optional[str], name: str, ids) -> None:
-        # In a TF1 graph the buffers are local variables (see _buffer); they need
-        # no initialisation: every read of a step follows a write of that step. They
+        # In a TF1 graph the buffers are local variables (see view_buffers.make_buffer);
+        # they need no initialisation: every read of a step follows a write of that step. They
         # are colocated with the lookup's ids, as TFRA's TrainableWrapper is.
-        local = _in_tf1_graph()
+        local = in_tf1_graph()
         anchor = ids if ids is not None else initial_rows
-        with _maybe_device(device), _local_placement(anchor), _outside_strategy():
-            self.variable = _buffer(initial_rows, name, True, local)
-            self.ids = _buffer(tf.zeros([0], self.params.key_dtype), f"{name}_ids", False, local)
-            self.exists = _buffer(tf.zeros([0], tf.bool), f"{name}_exists", False, local)
+        with maybe_device(device), local_placement(anchor), outside_strategy():
+            self.variable = make_buffer(initial_rows, name, True, local)
+            self.ids = make_buffer(tf.zeros([0], self.params.key_dtype), f"{name}_ids", False, local)
+            self.exists = make_buffer(tf.zeros([0], tf.bool), f"{name}_exists", False, local)
 
     def _read_rows(self) -> tf.Tensor:
         """The rows buffer as the lookups wrote it. (A ShadowVariable's view overrides
@@ -259,7 +270,7 @@ class TrainableRows:
             # rows (a loss linear in them), which a TF1 graph would not order otherwise.
             index = tf.identity(index)
             self._previous_writes = writes
-            if _in_tf1_graph():
+            if in_tf1_graph():
                 # Not `sparse_read`: its gradient reads the variable's shape, unordered,
                 # possibly before the first write of a local buffer initialised by
                 # nothing but a `local_init_op`. This gradient takes the shape of the
@@ -463,81 +474,6 @@ class TrainableRows:
 
 def _scope_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "lookup"
-
-
-def _token(initial_rows: tf.Tensor, params, name: str):
-    """Record mode's trainable variable: `[0, dim]`, never written, on the device of
-    the variable's first shard (a parameter server; every worker reads it each step, 0
-    bytes), outside the strategy's variable creator (nothing to aggregate). Its shape
-    is fully defined: a worker deserialising a remote handle whose shape has an unknown
-    dimension aborts (TF 2.21, `RemoteMgr::DeserializeRemoteTensorHandle`)."""
-    with tf.device(params.tables[0].resource_handle.device), _outside_strategy():
-        return tf.Variable(initial_rows, trainable=True, name=name)
-
-
-def _maybe_device(device: Optional[str]):
-    return tf.device(device) if device else contextlib.nullcontext()
-
-
-def _outside_strategy():
-    """Under a `tf.distribute` strategy, creates the buffers as plain local variables
-    instead of the strategy's (mirrored, or on a parameter server): they hold what one
-    replica looked up in one step, and the optimizer wrapper combines the replicas'
-    gradients by key itself (see `SparseApplier`). Without a strategy: no change."""
-    if not tf.distribute.has_strategy():
-        return contextlib.nullcontext()
-    from tensorflow.python.ops import resource_variable_ops
-
-    def local_creator(next_creator, **kwargs):
-        del next_creator  # the strategy's creator; a ResourceVariable is made directly
-        kwargs.pop("use_resource", None)
-        kwargs.pop("synchronization", None)
-        kwargs.pop("aggregation", None)
-        kwargs.pop("expected_shape", None)
-        kwargs.pop("experimental_enable_variable_lifting", None)
-        return resource_variable_ops.ResourceVariable(**kwargs)
-
-    return tf.variable_creator_scope(local_creator)
-
-
-def _in_tf1_graph() -> bool:
-    return not tf.executing_eagerly() and not tf.inside_function()
-
-
-def _local_placement(anchor: tf.Tensor):
-    """Where the buffers of a TF1 graph go: with `anchor`, the lookup's ids (or an
-    ordinary op made under the caller's device scope). The buffers hold one step of one
-    worker, so they must live where the lookup is computed: device functions such as
-    `replica_device_setter` would otherwise put them, like every variable, on a
-    parameter server, where the workers of a cluster (whose graphs name them alike)
-    would share, and race on, one buffer. Elsewhere (eager, `tf.function`): no change."""
-    if not _in_tf1_graph():
-        return contextlib.nullcontext()
-    return tf.compat.v1.colocate_with(anchor.op)
-
-
-def _buffer(initial: tf.Tensor, name: str, trainable: bool, local: bool):
-    """A resource variable whose first dimension changes with every assignment.
-
-    With `local` (in a TF1 graph) it is a local variable
-    (`LOCAL_VARIABLES`, and `TRAINABLE_VARIABLES` for the rows, so that
-    `minimize(loss)` finds them): each worker initialises its own (`local_init_op`),
-    the chief does not wait for the other workers' buffers, and checkpoints do not
-    hold them (they carry no state between steps)."""
-    shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
-    collections = None
-    if local:
-        collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-        if trainable:
-            collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-    return tf.compat.v1.Variable(
-        initial,
-        trainable=trainable,
-        name=name,
-        use_resource=True,
-        shape=shape,
-        collections=collections,
-    )
 
 
 def _ops_of(writes):

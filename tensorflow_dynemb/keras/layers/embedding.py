@@ -15,10 +15,13 @@ table directly. Any other call looks ids up like `de.embedding_lookup`: through 
 variable's trainable view (see variable/trainable.py) when a gradient may be taken (inside a
 `tf.function`, or eagerly under a `tf.GradientTape`), directly otherwise. The view has
 no fixed shape (`[None, dim]`), so the layer lists it among its (trainable) weights
-only where a step can use it: in the graph that looked it up, or eagerly until the
-optimizer has consumed the looked-up rows. That is where `Model.train_step` and custom
-loops read `model.trainable_variables`, after the forward pass; elsewhere (building an
-optimizer, `model.summary()`, saving) the layer has no Keras weights.
+only where a step can use it: in the graph that looked it up or that reads it through
+a function it calls (a `call` decorated with `@tf.function`, a nested helper), or
+eagerly until the optimizer has consumed the looked-up rows (also rows a traced
+function looked up under a tape). That is where `Model.train_step` and custom loops
+read `model.trainable_variables`, after the forward pass; elsewhere (building an
+optimizer, `model.summary()`, saving) the layer has no Keras weights. docs/keras.md
+("Where training works") lists the contexts, tested in tests/test_training_contexts.py.
 
 Plain optimizers. `de.DynamicEmbeddingOptimizer` is what updates the table. A model
 compiled with a plain Keras optimizer (`compile(optimizer="adam")`) is switched to the
