@@ -156,8 +156,8 @@ class Embedding(ViewWeights, CallerTracking, Layer):
 
         Raises:
           TypeError: a non-integer `embedding_size`, or a non-floating `value_dtype`.
-          ValueError: an unknown `combiner`, or conflicting `init_capacity` /
-            `init_size`.
+          ValueError: `embedding_size` < 1, an unknown `combiner`, or conflicting
+            `init_capacity` / `init_size`.
           NotImplementedError: a `distribute_strategy`.
         """
         del short_file_name  # see Args
@@ -167,6 +167,8 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             raise TypeError(
                 f"`embedding_size` must be convertible to int, got {embedding_size!r}."
             ) from None
+        if embedding_size < 1:
+            raise ValueError(f"`embedding_size` must be >= 1, got {embedding_size}.")
         value_dtype = tf.as_dtype(value_dtype)
         if not value_dtype.is_floating:
             raise TypeError(
@@ -231,6 +233,14 @@ class Embedding(ViewWeights, CallerTracking, Layer):
 
     def compute_output_shape(self, input_shape):
         return tuple(tf.TensorShape(input_shape).as_list()) + (self.embedding_size,)
+
+    def compute_output_spec(self, ids, *args, **kwargs):
+        # Keras 3 calls this, not `call`, on a symbolic input (the layer defines
+        # compute_output_shape): floating ids (a `keras.Input` without dtype) are refused
+        # here, where the model is built, not only at `fit`.
+        for tensor in tf.nest.flatten(ids):
+            _check_not_floating(tensor)
+        return super().compute_output_spec(ids, *args, **kwargs)
 
     def _rows(self, ids, training) -> tf.Tensor:
         """`ids.shape + [embedding_size]` rows; through the trainable view when this
