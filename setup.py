@@ -530,15 +530,15 @@ def cache_key(cmd: list[str], named_dirs: dict | None = None):
         if not path and i < len(cmd):
             path, i = cmd[i], i + 1
         full = os.path.abspath(path)
-        digest = None
         if full == HERE:
             ident = path
         elif full in named:
             ident = named[full]
+            keyed.append(full)
         else:
             digest = _dir_digest(full)
             ident = f"<files {digest}>" if digest else path
-        (keyed if full in named or digest else checked).append(full)
+            (keyed if digest else checked).append(full)
         key += [flag, ident]
     return json.dumps(key), tuple(checked), tuple(keyed)
 
