@@ -88,14 +88,16 @@ def pytest_collection_modifyitems(config, items):
 #
 # The run's processes (pytest's, its xdist workers and every process they start, which
 # inherit the environment) create their temporary files in a TMPDIR of the run's own,
-# next to pytest's basetemp (/tmp/pytest-of-<user>/tmpdir-pytest-<N>). Whatever is left there when the run ends (after xdist has
-# stopped its workers) was left by this run: the run fails, naming it, and the folder is
-# removed. Entries that appeared in the system's temporary folder meanwhile cannot be
-# told apart from other processes' (on a shared machine), so they are only listed.
+# next to pytest's basetemp (/tmp/pytest-of-<user>/tmpdir-pytest-<N>). Whatever is left
+# there when the run ends (after xdist has stopped its workers) was left by this run:
+# the run fails, naming it, and the folder is removed. Entries that appeared in the
+# system's temporary folder meanwhile cannot be told apart from other processes' (on a
+# shared machine), so they are only noted.
 
 _LEFT_KEY = "left in TMPDIR"
-# Autograph's generated modules (tensorflow/python/autograph/pyct/loader.py).
-_REMOVED_AT_EXIT = ("__autograph_generated_file",)
+# Removed by atexit handlers: autograph's generated modules (tensorflow/python/autograph/
+# pyct/loader.py) and multiprocessing's folder.
+_REMOVED_AT_EXIT = ("__autograph_generated_file", "pymp-")
 _TMP_KEY = pytest.StashKey()
 _REPORT_KEY = pytest.StashKey()
 
