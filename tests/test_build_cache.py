@@ -52,8 +52,9 @@ def test_include_folders_are_keyed_by_content_not_path(setup_py, tmp_path):
     assert cache_key(command(venv), named)[0] == key
     assert cache_key(command(other), named)[0] != key
     # TensorFlow's headers by its version: the same wherever it is installed.
-    assert cache_key(command(venv, "/other/site/tensorflow/include"),
-                     {"/other/site/tensorflow/include": named["/site/tensorflow/include"]})[0] == key
+    elsewhere = "/other/site/tensorflow/include"
+    assert cache_key(command(venv, elsewhere),
+                     {elsewhere: named["/site/tensorflow/include"]})[0] == key
     assert cache_key(command(venv), {"/site/tensorflow/include": "tensorflow 2.20.0"})[0] != key
     # The compiler's flags and identity count.
     assert cache_key(command(venv)[:1] + ["-O2"] + command(venv)[2:], named)[0] != key

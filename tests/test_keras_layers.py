@@ -290,7 +290,8 @@ def test_a_float_keras_input_is_refused_when_the_model_is_built(make):
 def test_a_float_keras_input_is_refused_by_a_coalesced_layer():
     layer = layers.CoalescedEmbedding(8, num_features=2)
     with pytest.raises(TypeError, match=r"got float32: declare the model input"):
-        layer([keras_scenarios.K.Input(shape=(1,), dtype="int64"), keras_scenarios.K.Input(shape=(3,))])
+        layer([keras_scenarios.K.Input(shape=(1,), dtype="int64"),
+               keras_scenarios.K.Input(shape=(3,))])
 
 
 @pytest.mark.parametrize("module_name", ["embedding", "reduced"])

@@ -136,7 +136,8 @@ WRONG_SHAPE_CALLS = {
 # Where the shapes are known (eagerly, or while tracing with static shapes), checked in
 # Python before any op runs, naming the argument as the caller wrote it.
 PYTHON_SHAPE_MESSAGES = {
-    "insert_values": r"Expected shape \(2, 2\) \(keys.shape \+ value_shape\) for `values`, got \(2, 3\)$",
+    "insert_values":
+        r"Expected shape \(2, 2\) \(keys.shape \+ value_shape\) for `values`, got \(2, 3\)$",
     "insert_values_rank": r"Expected shape \(2, 2\) .* for `values`, got \(2,\)$",
     "insert_scores": r"Expected shape \(2,\) \(keys.shape\) for `scores`, got \(3,\)$",
     "accum_values": r"Expected shape \(2, 2\) .* for `values_or_deltas`, got \(2, 5\)$",
