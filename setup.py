@@ -55,10 +55,15 @@ DYNEMB_TF_PYTHON=/path/to/python to choose explicitly; if nothing works, use
 
 Compilation: every .cc is compiled in parallel (DYNEMB_BUILD_JOBS, or
 ``build_ext -j N``, default: all CPUs) and incrementally: objects live in
-build/dynemb-obj/<extension>-<hash of the full compile command and TF version>/
-and are rebuilt only when their source or a header they include (from gcc's
--MMD dependency files) is newer, so switching between virtualenvs or TF
-versions never reuses an object compiled for another TF.
+build/dynemb-obj/<extension>-<hash of what decides their content>/ (see
+cache_key: the compiler and its version, the flags, TensorFlow's version, and
+every other include directory outside the project by the content of its files,
+not by its path) and are rebuilt only when their source or a project header
+they include (from gcc's -MMD dependency files) is newer. So pip's isolated
+build, which finds pybind11 in a new temporary folder each time, and a later
+``setup.py build_ext --inplace`` in the virtualenv share one cache, and
+switching between virtualenvs or TF versions never reuses an object compiled
+for another TF.
 """
 
 from __future__ import annotations
@@ -406,8 +411,18 @@ def tf_compile_flags(info: dict) -> list[str]:
 _print_lock = threading.Lock()
 
 
-def _deps_up_to_date(obj: str, depfile: str) -> bool:
-    """True if obj exists and no file listed in gcc's dependency file is newer."""
+def _under(path: str, dirs) -> bool:
+    return any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
+def _deps_up_to_date(obj: str, depfile: str, checked_dirs=(HERE,), keyed_dirs=()) -> bool:
+    """True if obj exists and no file listed in gcc's dependency file is newer.
+
+    Only files under `checked_dirs` (the project, include directories keyed by path)
+    and not under `keyed_dirs` are compared: the others come from include directories
+    keyed by their content or name (cache_key), and may be gone (pip's isolated build
+    environment is removed after the build) without the object being stale.
+    """
     try:
         obj_mtime = os.stat(obj).st_mtime
         with open(depfile) as f:
@@ -417,7 +432,9 @@ def _deps_up_to_date(obj: str, depfile: str) -> bool:
     _, _, deps = text.partition(":")
     # The paths we deal with contain no spaces; `shlex` copes with escaped ones anyway.
     for dep in shlex.split(deps.replace("\\ ", "\0")):
-        dep = dep.replace("\0", " ")
+        dep = os.path.abspath(dep.replace("\0", " "))
+        if not _under(dep, checked_dirs) or _under(dep, keyed_dirs):
+            continue
         try:
             if os.stat(dep).st_mtime > obj_mtime:
                 return False
@@ -426,15 +443,104 @@ def _deps_up_to_date(obj: str, depfile: str) -> bool:
     return True
 
 
-def _objects_and_stale(sources: list[str], obj_dir: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """The object file of each source in obj_dir, and the (source, object) pairs to rebuild."""
+def _objects_and_stale(sources: list[str], obj_dir: str, checked_dirs=(HERE,),
+                       keyed_dirs=()) -> tuple[list[str], list[tuple[str, str]]]:
+    """The object file of each source in obj_dir, and the (source, object) pairs to rebuild
+    (see _deps_up_to_date)."""
     objects, todo = [], []
     for src in sources:
         obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
         objects.append(obj)
-        if not _deps_up_to_date(obj, obj + ".d"):
+        if not _deps_up_to_date(obj, obj + ".d", checked_dirs, keyed_dirs):
             todo.append((src, obj))
     return objects, todo
+
+
+# An include directory with more files than this is keyed by its path, not its content.
+_MAX_DIGEST_FILES = 5000
+_DIR_DIGESTS: dict[str, str | None] = {}
+_COMPILERS: dict[str, str] = {}
+
+
+def _dir_digest(path: str) -> str | None:
+    """sha256 of the files under `path` (relative names and contents); None when it
+    does not exist or holds more than _MAX_DIGEST_FILES files."""
+    if path not in _DIR_DIGESTS:
+        files = []
+        for root, dirs, names in os.walk(path):
+            dirs.sort()
+            files += [os.path.join(root, n) for n in sorted(names)]
+            if len(files) > _MAX_DIGEST_FILES:
+                break
+        digest = None
+        if os.path.isdir(path) and len(files) <= _MAX_DIGEST_FILES:
+            h = hashlib.sha256()
+            for f in files:
+                h.update(os.path.relpath(f, path).encode() + b"\0")
+                try:
+                    with open(f, "rb") as fh:
+                        h.update(hashlib.sha256(fh.read()).digest())
+                except OSError:
+                    h.update(b"unreadable")
+            digest = h.hexdigest()[:16]
+        _DIR_DIGESTS[path] = digest
+    return _DIR_DIGESTS[path]
+
+
+def _compiler_identity(exe: str) -> str:
+    """Where `exe` resolves to and the first line of its `--version`."""
+    if exe not in _COMPILERS:
+        path = shutil.which(exe) or exe
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        _COMPILERS[exe] = f"{os.path.realpath(path)}: {(out.splitlines() or [''])[0]}"
+    return _COMPILERS[exe]
+
+
+_INCLUDE_FLAGS = ("-I", "-isystem", "-iquote", "-idirafter")
+
+
+def cache_key(cmd: list[str], named_dirs: dict | None = None):
+    """The object cache's key of compile command `cmd` (without source and output), and
+    the `checked_dirs` and `keyed_dirs` of `_deps_up_to_date`.
+
+    The key holds what decides an object's content, not where its inputs were found:
+    the compiler (resolved, with its version), the flags in order, and each include
+    directory by what it stands for. The project's root stays a path (its headers are
+    compared by time); a directory in `named_dirs` (TensorFlow's include directory: its
+    version) stands for that name; any other (pybind11's, Python's) for a digest of its
+    files -- pip's isolated build finds pybind11 in a temporary folder that is new each
+    time, and a key holding that path would never match the in-place build's (issue
+    38). A directory too large to digest stays a path, its headers compared by time.
+    """
+    named = {os.path.abspath(k): v for k, v in (named_dirs or {}).items()}
+    checked, keyed = [HERE], []
+    key = [_compiler_identity(cmd[0])]
+    i = 1
+    while i < len(cmd):
+        arg, i = cmd[i], i + 1
+        flag = next((f for f in _INCLUDE_FLAGS if arg.startswith(f)), None)
+        if flag is None:
+            key.append(arg)
+            continue
+        path = arg[len(flag):]
+        if not path and i < len(cmd):
+            path, i = cmd[i], i + 1
+        full = os.path.abspath(path)
+        if full == HERE:
+            ident = path
+        elif full in named:
+            ident = named[full]
+            keyed.append(full)
+        else:
+            digest = _dir_digest(full)
+            ident = f"<files {digest}>" if digest else path
+            (keyed if digest else checked).append(full)
+        key += [flag, ident]
+    return json.dumps(key), tuple(checked), tuple(keyed)
 
 
 def _prune_object_dirs(keep: str, name: str, max_dirs: int = 4) -> None:
@@ -446,8 +552,9 @@ def _prune_object_dirs(keep: str, name: str, max_dirs: int = 4) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def make_compile(compiler, ext_name: str, jobs: int, fingerprint: str):
-    """Returns a replacement for `compiler.compile` (unix compilers only)."""
+def make_compile(compiler, ext_name: str, jobs: int, named_dirs: dict | None = None):
+    """Returns a replacement for `compiler.compile` (unix compilers only); objects are
+    cached by cache_key(command, named_dirs)."""
 
     def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
                 extra_preargs=None, extra_postargs=None, depends=None):
@@ -458,7 +565,7 @@ def make_compile(compiler, ext_name: str, jobs: int, fingerprint: str):
         # Newer setuptools compile C++ with `compiler_so_cxx` (from $CXX); older
         # ones with `compiler_so` (gcc compiles .cc files as C++ either way).
         base_cmd = list(getattr(compiler, "compiler_so_cxx", None) or compiler.compiler_so) + cc_args
-        key = json.dumps([base_cmd, extra_postargs, fingerprint])
+        key, checked_dirs, keyed_dirs = cache_key(base_cmd + list(extra_postargs), named_dirs)
         obj_dir = os.path.join(OBJ_ROOT, f"{ext_name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
         os.makedirs(obj_dir, exist_ok=True)
         os.utime(obj_dir)  # mark as recently used
@@ -466,7 +573,7 @@ def make_compile(compiler, ext_name: str, jobs: int, fingerprint: str):
             f.write(key)
         _prune_object_dirs(obj_dir, ext_name)
 
-        objects, todo = _objects_and_stale(sources, obj_dir)
+        objects, todo = _objects_and_stale(sources, obj_dir, checked_dirs, keyed_dirs)
         print(f"tensorflow_dynemb: {ext_name}: compiling {len(todo)} of {len(sources)} "
               f"sources with {jobs} jobs (objects in {obj_dir})", flush=True)
         if todo:
@@ -665,15 +772,17 @@ class BuildExt(_build_ext):
         if ext.name == GPU_EXT:
             ext.extra_objects = self._compile_cuda(ext, ext.cuda_sources)
             ext.extra_link_args = cuda_link_args()
-        fingerprint = ""
+        named_dirs = {}
         if ext.name == OPS_EXT:
             info, self._build_info_text = self._configure_ops_extension(ext)
-            fingerprint = f"tensorflow {info['version']} {info['git_version']} {info['location']}"
+            # TF's headers are known by its version (digesting them would read ~20k files).
+            tf_id = f"tensorflow {info['version']} {info['git_version']}"
+            named_dirs = {f[2:]: tf_id for f in info["compile_flags"] if f.startswith("-I")}
         compiler = self.compiler
         if compiler.compiler_type != "unix":
             raise CompileError("tensorflow_dynemb builds on Linux (unix compilers) only")
         saved = compiler.compile, compiler.force, self.force
-        compiler.compile = make_compile(compiler, ext.name, self._jobs, fingerprint)
+        compiler.compile = make_compile(compiler, ext.name, self._jobs, named_dirs)
         # Never skip an extension as "up to date" by mtime and always relink
         # (a few seconds): the objects decide what is really stale, and the
         # output may have been linked for another TF/virtualenv.

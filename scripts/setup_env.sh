@@ -5,9 +5,10 @@
 #
 # First run (or after the settings below change): creates a virtualenv,
 # installs TensorFlow and `pip install -e ".[test]"` (which compiles the op
-# library against that TensorFlow). Later runs reuse the virtualenv and only do
-# an incremental `python setup.py build_ext --inplace` (unchanged sources are
-# not recompiled).
+# library against that TensorFlow): a 572 MB download, 2.3 GB in the virtualenv,
+# about 7 minutes on 2 cores. Later runs reuse the virtualenv and only do an
+# incremental `python setup.py build_ext --inplace`: it shares pip's object
+# cache, so with nothing changed it compiles nothing (a few seconds, to link).
 #
 # Environment:
 #   DYNEMB_VENV        virtualenv directory (default: .venv in the repository root)
@@ -29,13 +30,15 @@ TF_VERSION="${DYNEMB_TF_VERSION:-2.21.0}"
 BASE_PYTHON="${DYNEMB_PYTHON:-python3}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.dynemb-setup"
-BUILD_LOCK=/tmp/dynemb_build.lock
+# In the tree's (git-ignored) build folder, not /tmp: nothing is left outside the checkout.
+BUILD_LOCK="$ROOT/build/dynemb_build.lock"
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
 # Runs "$@" holding the shared build lock (other developers build in the same tree).
 locked() {
   if command -v flock >/dev/null 2>&1; then
+    mkdir -p "$(dirname "$BUILD_LOCK")"
     flock "$BUILD_LOCK" "$@"
   else
     "$@"

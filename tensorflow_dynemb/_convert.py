@@ -55,6 +55,18 @@ def _accepted_numpy_kinds(dtype: tf.dtypes.DType) -> str:
     return "biufVO"  # floating point ("V": ml_dtypes' bfloat16)
 
 
+def _conversion_hint(arg: str, received: tf.dtypes.DType, dtype: tf.dtypes.DType) -> str:
+    """How to convert a tensor of dtype `received` to `dtype` (never done silently: a
+    narrowing cast may change values)."""
+    if dtype == tf.string and received != tf.string:
+        return f"; convert it with tf.strings.as_string({arg})"
+    if received == tf.string:
+        if dtype.is_integer or dtype.is_floating:
+            return f"; convert it with tf.strings.to_number({arg}, tf.{dtype.name})"
+        return ""
+    return f"; convert it with tf.cast({arg}, tf.{dtype.name})"
+
+
 def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     """Converts `value` to a tensor of `dtype`, raising `TypeError` on a dtype mismatch.
 
@@ -77,7 +89,7 @@ def convert(value: TensorLike, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
         if received != dtype:
             raise DTypeError(
                 f"`{arg}` must have dtype {dtype.name} (the table's dtype), "
-                f"got a tensor of dtype {received.name}."
+                f"got a tensor of dtype {received.name}{_conversion_hint(arg, received, dtype)}."
             )
         return tf.convert_to_tensor(value, dtype=dtype, name=arg)
 
@@ -137,6 +149,20 @@ def check_int(value: Any, arg: str, minimum: int) -> int:
     return int(value)
 
 
+def check_shape(tensor: tf.Tensor, expected: tf.TensorShape, arg: str, relation: str) -> str:
+    """Raises when `tensor`'s shape is known to differ from `expected` (`relation` says
+    how it is derived, e.g. "keys.shape + [dim]"): `InvalidArgumentError` eagerly,
+    `ValueError` while building a graph, before any op runs. Returns the message, which
+    starts with "Expected shape", for a check at run time of a shape not known yet.
+    """
+    message = f"Expected shape {expected} ({relation}) for `{arg}`, got {tensor.shape}"
+    if not tensor.shape.is_compatible_with(expected):
+        if tf.executing_eagerly():
+            raise tf.errors.InvalidArgumentError(None, None, message)
+        raise ValueError(message)
+    return message
+
+
 def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     """`values` converted to `dtype` and checked to be `keys.shape + [dim]`, as `[n, dim]`.
 
@@ -145,12 +171,7 @@ def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DT
     checked by an op the result depends on. The message starts with "Expected shape".
     """
     values = convert(values, dtype, arg)
-    expected = keys.shape.concatenate([dim])
-    message = f"Expected shape {expected} (keys.shape + [dim]) for `{arg}`, got {values.shape}"
-    if not values.shape.is_compatible_with(expected):
-        if tf.executing_eagerly():
-            raise tf.errors.InvalidArgumentError(None, None, message)
-        raise ValueError(message)
+    message = check_shape(values, keys.shape.concatenate([dim]), arg, "keys.shape + [dim]")
     if not values.shape.is_fully_defined() or not keys.shape.is_fully_defined():
         want = tf.concat([tf.shape(keys), [dim]], 0)
         check = tf.debugging.assert_equal(tf.shape(values), want, message=message)
@@ -170,11 +191,7 @@ def flat_keyed(keys: tf.Tensor, tensor: TensorLike, dtype: tf.dtypes.DType, arg:
     "Expected shape".
     """
     tensor = convert(tensor, dtype, arg)
-    message = f"Expected shape {keys.shape} (keys.shape) for `{arg}`, got {tensor.shape}"
-    if not tensor.shape.is_compatible_with(keys.shape):
-        if tf.executing_eagerly():
-            raise tf.errors.InvalidArgumentError(None, None, message)
-        raise ValueError(message)
+    message = check_shape(tensor, keys.shape, arg, "keys.shape")
     if not tensor.shape.is_fully_defined() or not keys.shape.is_fully_defined():
         check = tf.debugging.assert_equal(
             tf.size(tf.shape(tensor)), tf.size(tf.shape(keys)), message=message

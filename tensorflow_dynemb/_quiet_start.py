@@ -33,10 +33,39 @@ _RUN_BY_PATH = bool(sys.path) and os.path.abspath(sys.path[0]) == os.path.dirnam
 if _RUN_BY_PATH:
     del sys.path[0]
 
-import runpy  # noqa: E402  (after the sys.path fix above)
+import contextlib  # noqa: E402  (after the sys.path fix above)
+import runpy  # noqa: E402
 import tempfile  # noqa: E402
 
 USAGE = "usage: _quiet_start.py (-m MODULE | -c PROGRAM) [ARGS...]"
+
+
+@contextlib.contextmanager
+def held_stderr():
+    """File descriptor 2 goes to a temporary file inside the block; its text is written
+    to stderr only if the block raises (then the exception propagates).
+
+    tests/conftest.py holds TensorFlow's start-up lines back with it: pytest's capture
+    would otherwise print them after the test summary, at the end of the log.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    held = tempfile.TemporaryFile()
+    try:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        held.close()
 
 
 def start_tensorflow_quietly() -> None:
@@ -50,25 +79,10 @@ def start_tensorflow_quietly() -> None:
       stderr.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    held = tempfile.TemporaryFile()
-    try:
-        os.dup2(held.fileno(), 2)
-        try:
-            import tensorflow as tf
+    with held_stderr():
+        import tensorflow as tf
 
-            tf.config.list_logical_devices()
-        except BaseException:
-            os.dup2(saved, 2)
-            held.seek(0)
-            sys.stderr.write(held.read().decode(errors="replace"))
-            raise
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        held.close()
+        tf.config.list_logical_devices()
 
 
 def main(argv) -> None:

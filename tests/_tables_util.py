@@ -199,11 +199,21 @@ def worker_results(mode: str, arg: str, worker: str = WORKER) -> Dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+_WORKDIRS: List[str] = []
+
+
 def temp_workdir() -> str:
-    """A temporary directory removed when the test session ends."""
+    """A temporary directory removed when the test session ends (tests/conftest.py calls
+    remove_temp_workdirs; atexit, should this module be used without it)."""
     workdir = tempfile.mkdtemp(prefix="dynemb_")
+    _WORKDIRS.append(workdir)
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     return workdir
+
+
+def remove_temp_workdirs() -> None:
+    while _WORKDIRS:
+        shutil.rmtree(_WORKDIRS.pop(), ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)

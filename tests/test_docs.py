@@ -2,7 +2,8 @@
 
 The blocks of one document run in order in one fresh process (a block may continue the
 one before it, as the text then says), in an empty temporary directory, so that files
-an example writes under a relative path land there. A block that cannot run here (it
+an example writes under a relative path land there. Their temporary files (`tempfile`)
+go to a folder of their own, which must be empty when they end: an example cleans up. A block that cannot run here (it
 needs a cluster, a GPU, another process, ...) is marked by an HTML comment on the line
 right before it, naming the reason and where it is tested instead:
 
@@ -107,7 +108,10 @@ def test_the_parser_sees_blocks_and_marks(tmp_path):
 def test_python_blocks_run(document, tmp_path):
     blocks = [b for b in python_blocks(os.path.join(ROOT, document)) if b.not_run is None]
     request = [(document, block.line, block.code) for block in blocks]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    # The examples' temporary files go to a folder of their own, which they must leave empty.
+    temp = tmp_path / "TMPDIR"
+    temp.mkdir()
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(temp))
     result = subprocess.run(
         [sys.executable, "-c", _RUNNER, json.dumps(request)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
@@ -118,3 +122,8 @@ def test_python_blocks_run(document, tmp_path):
         f"{result.stderr[-6000:]}"
     )
     assert ran == len(blocks), result.stdout
+    left = sorted(os.listdir(temp))
+    assert not left, (
+        f"{document}: the examples left temporary files {left}: an example that creates "
+        "them must remove them (tempfile.TemporaryDirectory(), then .cleanup())"
+    )

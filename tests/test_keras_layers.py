@@ -239,6 +239,7 @@ def test_config_pins_seed_of_random_initializer():
     "make, error, match",
     [
         (lambda: layers.Embedding("four"), TypeError, "embedding_size"),
+        (lambda: layers.Embedding(0), ValueError, "^`embedding_size` must be >= 1, got 0"),
         (lambda: layers.Embedding(4, value_dtype=tf.int32), TypeError, "floating"),
         (lambda: layers.Embedding(4, dtype="float32"), TypeError, "value_dtype"),
         (
@@ -271,6 +272,26 @@ def test_ids_of_other_dtype_raise():
 def test_float_ids_raise_with_a_hint():
     with pytest.raises(TypeError, match="keras.Input"):
         layers.Embedding(2)(tf.constant([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: layers.Embedding(8),
+    lambda: layers.SquashedEmbedding(8),
+    lambda: layers.FieldWiseEmbedding(8, 3, keras_scenarios.field_of),
+], ids=["Embedding", "SquashedEmbedding", "FieldWiseEmbedding"])
+def test_a_float_keras_input_is_refused_when_the_model_is_built(make):
+    # Keras 3 builds a functional model from compute_output_spec, not `call`: without the
+    # check there, the model is built and the error comes only at `fit`.
+    with pytest.raises(TypeError, match=r"got float32: declare the model input with its dtype"):
+        make()(keras_scenarios.K.Input(shape=(3,)))
+    assert make()(keras_scenarios.K.Input(shape=(3,), dtype="int64")).shape[-1] == 8
+
+
+def test_a_float_keras_input_is_refused_by_a_coalesced_layer():
+    layer = layers.CoalescedEmbedding(8, num_features=2)
+    with pytest.raises(TypeError, match=r"got float32: declare the model input"):
+        layer([keras_scenarios.K.Input(shape=(1,), dtype="int64"),
+               keras_scenarios.K.Input(shape=(3,))])
 
 
 @pytest.mark.parametrize("module_name", ["embedding", "reduced"])

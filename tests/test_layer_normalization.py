@@ -95,9 +95,10 @@ def scenario() -> dict:
     before = [w.copy() for w in norm.get_weights()]
     model.fit(features, labels, epochs=2, batch_size=16, verbose=0)
     out["trained_change"] = [float(np.abs(a - b).sum()) for a, b in zip(before, norm.get_weights())]
-    path = os.path.join(tempfile.mkdtemp(), "model.keras")
-    model.save(path)
-    loaded = keras.models.load_model(path)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
     out["loaded_class"] = type(loaded.get_layer("norm")).__module__
     predictions = [m.predict(features, verbose=0) for m in (loaded, model)]
     out["loaded_same"] = bool(np.allclose(*predictions, atol=1e-6))

@@ -4,7 +4,6 @@ seen through one `SlotView` per slot (tensorflow_dynemb/training/slots.py)."""
 from __future__ import annotations
 
 import os
-import tempfile
 
 import keras
 import numpy as np
@@ -92,13 +91,13 @@ def test_view_upsert_checks_shape_and_dtype():
     np.testing.assert_array_equal(before[1].numpy(), after[1].numpy())
 
 
-def test_checkpoint_holds_slot_state_without_scores_and_reshards():
+def test_checkpoint_holds_slot_state_without_scores_and_reshards(tmp_path):
     var = make_var(shards=2)
     optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
     for ids in ([1, 2, 3], [3, 4, 5, 6], [1, 6, 9]):
         train_step(var, optimizer, ids)
     prefix = tf.train.Checkpoint(emb=var, optimizer=optimizer).write(
-        os.path.join(tempfile.mkdtemp(), "ckpt")
+        os.path.join(tmp_path, "ckpt")
     )
     shapes = dict(tf.train.list_variables(prefix))
     state = {n.rsplit("/", 1)[-1]: shape for n, shape in shapes.items() if "emb_m_v/" in n}

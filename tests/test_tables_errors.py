@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 import numpy as np
@@ -75,6 +76,21 @@ def test_wrong_value_dtype_is_type_error(table, method, dtype):
     assert_unchanged(table)
 
 
+@pytest.mark.parametrize("make_table, call, conversion", [
+    (lambda: de.HashTable(tf.int64, tf.float32, 0.0),
+     lambda t: t.insert(tf.constant([1], tf.int32), [1.0]), "tf.cast(keys, tf.int64)"),
+    (lambda: de.HashTable(tf.int64, tf.float32, 0.0),
+     lambda t: t.insert([1], tf.constant([1.0], tf.float64)), "tf.cast(values, tf.float32)"),
+    (lambda: de.HashTable(tf.int64, tf.float32, 0.0),
+     lambda t: t.lookup(tf.constant(["1"])), "tf.strings.to_number(keys, tf.int64)"),
+    (lambda: de.HashTable(tf.string, tf.float32, 0.0),
+     lambda t: t.lookup(tf.constant([1], tf.int64)), "tf.strings.as_string(keys)"),
+], ids=["int32_keys", "float64_values", "string_keys", "int_keys_of_string_table"])
+def test_a_dtype_error_names_the_conversion(make_table, call, conversion):
+    with pytest.raises(TypeError, match=r"; convert it with " + re.escape(conversion) + r"\.$"):
+        call(make_table())
+
+
 def test_wrong_exists_and_scores_dtype(table):
     with pytest.raises(TypeError, match="`exists`"):
         table.accum([5], [[1.0, 1.0]], tf.constant([1], tf.int32))
@@ -115,6 +131,34 @@ WRONG_SHAPE_CALLS = {
     "lookup_default": lambda t, k: t.lookup(k, tf.zeros([3, 2])),
     "lookup_default_row": lambda t, k: t.lookup(k, tf.zeros([3])),
 }
+
+
+# Where the shapes are known (eagerly, or while tracing with static shapes), checked in
+# Python before any op runs, naming the argument as the caller wrote it.
+PYTHON_SHAPE_MESSAGES = {
+    "insert_values":
+        r"Expected shape \(2, 2\) \(keys.shape \+ value_shape\) for `values`, got \(2, 3\)$",
+    "insert_values_rank": r"Expected shape \(2, 2\) .* for `values`, got \(2,\)$",
+    "insert_scores": r"Expected shape \(2,\) \(keys.shape\) for `scores`, got \(3,\)$",
+    "accum_values": r"Expected shape \(2, 2\) .* for `values_or_deltas`, got \(2, 5\)$",
+    "accum_exists": r"Expected shape \(2,\) \(keys.shape\) for `exists`, got \(3,\)$",
+    "import_values": r"Expected shape \(2, 2\) .* for `values`, got \(2, 1\)$",
+}
+
+
+@pytest.mark.parametrize("call", sorted(PYTHON_SHAPE_MESSAGES))
+def test_a_known_wrong_shape_is_raised_in_python_naming_the_argument(table, call):
+    keys = tf.constant([7, 8], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=PYTHON_SHAPE_MESSAGES[call]) as info:
+        WRONG_SHAPE_CALLS[call](table, keys)
+    assert info.value.op is None  # not an op's error ("{{function_node ...}} ...")
+
+    def trace(k):
+        WRONG_SHAPE_CALLS[call](table, k)
+
+    with pytest.raises(ValueError, match=PYTHON_SHAPE_MESSAGES[call]):
+        tf.function(trace).get_concrete_function(tf.TensorSpec([2], tf.int64))
+    assert_unchanged(table)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "function_dynamic_shapes"])

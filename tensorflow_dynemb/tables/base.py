@@ -32,6 +32,7 @@ from tensorflow_dynemb._convert import (
     DTypeLike,
     TensorLike,
     as_dtype,
+    check_shape,
     convert,
     convert_scores,
 )
@@ -188,13 +189,18 @@ class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.Trac
     def _insert_inputs(
         self, keys: TensorLike, values: TensorLike, scores: Optional[TensorLike]
     ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """The converted inputs of `insert` / `insert_and_evict`; scores `[0]` means
+        """The converted inputs of `insert` / `insert_and_evict`, their shapes checked
+        here, where they are known, before the op checks them; scores `[0]` mean
         "assigned by the table"."""
         keys = convert(keys, self._key_dtype, "keys")
         values = convert(values, self._value_dtype, "values")
-        if scores is None:
+        self._check_rows(keys, values, "values")
+        if scores is not None:
+            scores = convert_scores(scores)
+            check_shape(scores, keys.shape, "scores", "keys.shape")
+        else:
             scores = self._default_scores(keys)
-        scores = tf.zeros([0], tf.int64) if scores is None else convert_scores(scores)
+        scores = tf.zeros([0], tf.int64) if scores is None else scores
         return keys, values, scores
 
     def insert(
@@ -371,7 +377,9 @@ class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.Trac
         """The converted inputs of `accum` / `accum_and_evict`."""
         keys = convert(keys, self._key_dtype, "keys")
         values_or_deltas = convert(values_or_deltas, self._value_dtype, "values_or_deltas")
+        self._check_rows(keys, values_or_deltas, "values_or_deltas")
         exists = convert(exists, tf.bool, "exists")
+        check_shape(exists, keys.shape, "exists", "keys.shape")
         return keys, values_or_deltas, exists
 
     def accum_and_evict(

@@ -19,11 +19,17 @@ from tensorflow_dynemb.persistence.checkpoint import (
     CKPT_VALUES,
     CheckpointTables,
 )
-from tensorflow_dynemb._convert import TensorLike, convert, convert_scores
+from tensorflow_dynemb._convert import TensorLike, check_shape, convert, convert_scores
 
 
 class TableContent:
     """The whole-content methods of a table (see the module docstring)."""
+
+    def _check_rows(self, keys: tf.Tensor, values: tf.Tensor, arg: str) -> None:
+        """`values` must be `keys.shape + value_shape` (checked where the shapes are
+        known, before the op checks them at run time)."""
+        check_shape(values, keys.shape.concatenate(self._value_shape), arg,
+                    "keys.shape + value_shape")
 
     def export_with_scores(self, name: Optional[str] = None):
         """Every entry, in unspecified order, with its score.
@@ -77,7 +83,11 @@ class TableContent:
         """
         keys = convert(keys, self._key_dtype, "keys")
         values = convert(values, self._value_dtype, "values")
-        scores = tf.zeros([0], tf.int64) if scores is None else convert_scores(scores)
+        self._check_rows(keys, values, "values")
+        if scores is not None:
+            scores = convert_scores(scores)
+            check_shape(scores, keys.shape, "scores", "keys.shape")
+        scores = tf.zeros([0], tf.int64) if scores is None else scores
         with tf.name_scope(name or f"{self._name}_import"), self._placement():
             return _ops.ops.dynemb_table_import(self.resource_handle, keys, values, scores)
 

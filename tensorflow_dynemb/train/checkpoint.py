@@ -31,12 +31,14 @@ class DECheckpoint(tf.train.Checkpoint):
     >>> module = tf.Module()
     >>> module.emb = de.Variable(tf.int64, tf.float32, dim=1, devices=["/CPU:0"] * 2)
     >>> module.emb.upsert([1, 2, 3], [[1.0], [2.0], [3.0]])
-    >>> path = de.train.DECheckpoint(module).save(tempfile.mkdtemp() + "/ckpt")
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = de.train.DECheckpoint(module).save(folder.name + "/ckpt")
     >>> restored = tf.Module()
     >>> restored.emb = de.Variable(tf.int64, tf.float32, dim=1)   # one shard, not two
     >>> _ = de.train.DECheckpoint(restored).restore(path)
     >>> restored.emb.lookup([3, 1]).numpy().tolist()
     [[3.0], [1.0]]
+    >>> folder.cleanup()
     """
 
 

@@ -63,7 +63,8 @@ def warm_start(
     >>> import tempfile
     >>> import tensorflow as tf
     >>> import tensorflow_dynemb as de
-    >>> prefix = tempfile.mkdtemp() + "/model"
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> prefix = folder.name + "/model"
     >>> with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
     ...     emb = de.get_variable("emb", dim=1, devices=["/CPU:0"] * 2)
     ...     sess.run(emb.upsert(tf.constant([1, 2], tf.int64), [[1.0], [2.0]]))
@@ -73,6 +74,7 @@ def warm_start(
     ...     sess.run(de.warm_start(prefix, vars_to_warm_start=[emb]))
     ...     sess.run(emb.lookup(tf.constant([2, 1], tf.int64))).tolist()
     [[2.0], [1.0]]
+    >>> folder.cleanup()
     """
     variables = _selected(vars_to_warm_start)
     renames = dict(var_name_to_prev_var_name or {})

@@ -164,8 +164,8 @@ class Embedding(ViewWeights, CallerTracking, Layer):
 
         Raises:
           TypeError: a non-integer `embedding_size`, or a non-floating `value_dtype`.
-          ValueError: an unknown `combiner`, or conflicting `init_capacity` /
-            `init_size`.
+          ValueError: `embedding_size` < 1, an unknown `combiner`, or conflicting
+            `init_capacity` / `init_size`.
           NotImplementedError: a `distribute_strategy`.
         """
         del short_file_name  # see Args
@@ -175,6 +175,8 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             raise TypeError(
                 f"`embedding_size` must be convertible to int, got {embedding_size!r}."
             ) from None
+        if embedding_size < 1:
+            raise ValueError(f"`embedding_size` must be >= 1, got {embedding_size}.")
         value_dtype = tf.as_dtype(value_dtype)
         if not value_dtype.is_floating:
             raise TypeError(
@@ -250,6 +252,14 @@ class Embedding(ViewWeights, CallerTracking, Layer):
 
     def compute_output_shape(self, input_shape):
         return tuple(tf.TensorShape(input_shape).as_list()) + (self.embedding_size,)
+
+    def compute_output_spec(self, ids, *args, **kwargs):
+        # Keras 3 calls this, not `call`, on a symbolic input (the layer defines
+        # compute_output_shape): floating ids (a `keras.Input` without dtype) are refused
+        # here, where the model is built, not only at `fit`.
+        for tensor in tf.nest.flatten(ids):
+            _refuse_floating(tensor)
+        return super().compute_output_spec(ids, *args, **kwargs)
 
     def _rows(self, ids, training) -> tf.Tensor:
         """`ids.shape + [embedding_size]` rows; through the trainable view when this
@@ -461,16 +471,24 @@ def _checked_ids(ids, key_dtype: tf.dtypes.DType):
     model under a tf.distribute strategy feeds float32 placeholders for integer data
     (the data itself stays integer). Nothing computed there runs, so placeholders of
     the key dtype stand in for them."""
-    dtype = getattr(ids, "dtype", None)
-    if dtype is None or not tf.as_dtype(dtype).is_floating:
-        return ids
-    if computing_output_spec():
+    if _is_floating(ids) and computing_output_spec():
         return tf.zeros_like(ids, dtype=key_dtype)
-    raise TypeError(
-        f"Embedding ids must be integers or strings, got {tf.as_dtype(dtype).name}: "
-        "declare the model input with its dtype, e.g. "
-        "`keras.Input(shape=(n,), dtype=\"int64\")`."
-    )
+    _refuse_floating(ids)
+    return ids
+
+
+def _is_floating(ids) -> bool:
+    dtype = getattr(ids, "dtype", None)
+    return dtype is not None and tf.as_dtype(dtype).is_floating
+
+
+def _refuse_floating(ids) -> None:
+    if _is_floating(ids):
+        raise TypeError(
+            f"Embedding ids must be integers or strings, got {tf.as_dtype(ids.dtype).name}: "
+            "declare the model input with its dtype, e.g. "
+            "`keras.Input(shape=(n,), dtype=\"int64\")`."
+        )
 
 
 def _distinct(variables: List[tf.Variable]) -> List[tf.Variable]:
