@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.keras import _config, _saving
+from tensorflow_dynemb.keras.layers.views import ListedViews
 from tensorflow_dynemb.keras._compat import (
     IS_KERAS3,
     CallerTracking,
@@ -59,13 +60,11 @@ from tensorflow_dynemb.keras._compat import (
     in_stateless_build,
     keras_module,
     leave_symbolic_build,
-    outside_stateless_scope,
 )
 from tensorflow_dynemb.variable.lookup import embedding_lookup, embedding_lookup_unique
-from tensorflow_dynemb.training.optimizer import DynamicEmbeddingOptimizer, wrapped
 from tensorflow_dynemb.variable.sharding import default_partition_fn
 from tensorflow_dynemb.variable.step_record import called_by_a_function
-from tensorflow_dynemb.variable.trainable import replica_key, rows_of, tape_may_record
+from tensorflow_dynemb.variable.trainable import tape_may_record
 from tensorflow_dynemb.variable.variable import Variable
 
 # Register the optimizer wrapper of this Keras, so that `load_model` finds it.
@@ -80,7 +79,7 @@ _register = keras_module.saving.register_keras_serializable(package="tensorflow_
 
 
 @_register
-class Embedding(ViewWeights, CallerTracking, Layer):
+class Embedding(ListedViews, ViewWeights, CallerTracking, Layer):
     """The embedding rows of ids of any shape, from a dynamic table (no vocabulary).
 
     Like `tf.keras.layers.Embedding`, but the table is a `de.Variable`: any id of
@@ -309,71 +308,6 @@ class Embedding(ViewWeights, CallerTracking, Layer):
             rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
         return rows
 
-    # -- training -------------------------------------------------------------------------
-
-    def _note_view(self, view: tf.Variable) -> None:
-        """Records where `view` was looked up, for `_listed_views`."""
-        if tf.executing_eagerly():
-            self._step.eager_views = [view]
-            return
-        graph = tf.compat.v1.get_default_graph()
-        replica = replica_key()  # the replicas of a tf.distribute strategy trace one graph
-        self._step.traced_views[replica] = view
-        while True:
-            self._step.graph_views.setdefault(graph, {})[replica] = [view]
-            # A lookup inside a tf.cond / tf.while_loop body serves the enclosing graph.
-            if not getattr(graph, "is_control_flow_graph", False):
-                break
-            graph = graph.outer_graph
-
-    def _listed_views(self) -> List[tf.Variable]:
-        """The trainable views to list among the layer's weights here (see the module
-        docstring): those looked up in the current graph, or eagerly those whose rows
-        no optimizer step has consumed yet."""
-        if not self.trainable:
-            return []
-        replica = replica_key()
-        if tf.executing_eagerly():
-            # Also a view a traced function looked up (a decorated `call` of an eager
-            # step) whose rows no optimizer step has consumed yet.
-            traced = self._step.traced_views.get(replica)
-            candidates = self._step.eager_views + ([traced] if traced is not None else [])
-            return [v for v in _distinct(candidates) if _has_pending_rows(v)]
-        graph = tf.compat.v1.get_default_graph()
-        views = self._step.graph_views.get(graph, {}).get(replica)
-        if views:
-            return list(views)
-        # Looked up in a function this graph calls (a `@tf.function` `call`, a helper
-        # function of a custom step): the lookup ran in that function's graph, and, as
-        # that function's trace may be reused by several traces of the caller, the
-        # caller is told by what it captures: a graph that reads the view, directly or
-        # through any function it calls, captures the view's handle.
-        view = self._step.traced_views.get(replica)
-        if view is None or not _captures(graph, view):
-            return []
-        if self._step.latest_trace_symbolic:
-            raise ValueError(
-                f"Layer {self.name!r} is trained through a tf.function (a `call` decorated "
-                "with @tf.function) whose only trace is the one Keras 3 made to build the "
-                "model symbolically, in a stateless scope; Keras reuses that trace for "
-                "training, where it does not train correctly (stock layers get no "
-                "gradients there). Build the model by calling it on a batch of data "
-                "(`model(batch)`) before fit / evaluate / predict, or remove the "
-                "@tf.function decorator (Keras compiles `call` anyway)."
-            )
-        return [view]
-
-    def _wrap_model_optimizer(self) -> None:
-        """Switches the calling model's plain Keras optimizer to
-        `de.DynamicEmbeddingOptimizer(optimizer)` (see the module docstring)."""
-        model = self._calling_model()
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is None or wrapped(optimizer) is not None:
-            return
-        # Out of any function being traced: the wrapper creates variables.
-        with tf.init_scope(), outside_stateless_scope():
-            model.optimizer = DynamicEmbeddingOptimizer(optimizer)
-
     # -- saving ---------------------------------------------------------------------------
 
     def _saved_variables(self) -> dict:
@@ -489,19 +423,3 @@ def _refuse_floating(ids) -> None:
             "declare the model input with its dtype, e.g. "
             "`keras.Input(shape=(n,), dtype=\"int64\")`."
         )
-
-
-def _distinct(variables: List[tf.Variable]) -> List[tf.Variable]:
-    seen = set()
-    return [v for v in variables if not (id(v) in seen or seen.add(id(v)))]
-
-
-def _captures(graph, variable: tf.Variable) -> bool:
-    """Whether the function graph `graph` reads `variable` (captures its handle)."""
-    handle = variable.handle
-    return any(t is handle for t in getattr(graph, "external_captures", ()))
-
-
-def _has_pending_rows(view: tf.Variable) -> bool:
-    """Whether eager lookups wrote rows into `view` that no optimizer step consumed."""
-    return rows_of(view).pending
