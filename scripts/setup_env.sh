@@ -49,9 +49,10 @@ tf_requirements() {
   # tf_keras (Keras 2, used with TF_USE_LEGACY_KERAS=1) is released in step with
   # TensorFlow: the same major.minor.
   local tf_keras="tf_keras~=${TF_VERSION%.*}.0"
-  # TensorFlow < 2.18 was built against numpy 1.x and breaks with numpy 2.
+  # TensorFlow < 2.18 was built against numpy 1.x and breaks with numpy 2; so does
+  # the newest pyarrow (26; the real-data tests, the movielens extra): 20 is checked.
   case "$TF_VERSION" in
-    2.16.* | 2.17.*) echo "tensorflow==$TF_VERSION" "$tf_keras" "numpy<2" ;;
+    2.16.* | 2.17.*) echo "tensorflow==$TF_VERSION" "$tf_keras" "numpy<2" "pyarrow<21" ;;
     *) echo "tensorflow==$TF_VERSION" "$tf_keras" ;;
   esac
 }

@@ -95,10 +95,11 @@ def load_movielens_100k(cache_dir: Optional[str] = None) -> Dict[str, np.ndarray
     """
     try:
         import pyarrow.parquet as parquet
-    except ImportError:
+    except ImportError as error:
         raise ImportError(
             "MovieLens-100k is a parquet file: reading it needs pyarrow. Install it with "
-            "`pip install \"tensorflow-dynemb[movielens]\"` (or `pip install pyarrow`)."
+            "`pip install \"tensorflow-dynemb[movielens]\"` (or `pip install pyarrow`; "
+            f"with numpy 1.x, \"pyarrow<21\"). The import failed with: {error}"
         ) from None
     table = parquet.read_table(movielens_100k_path(cache_dir), columns=list(COLUMNS))
     return {name: table.column(name).to_numpy().astype(np.int64) for name in COLUMNS}
