@@ -160,85 +160,41 @@ def subclassed(cls):
 # ----------------------------------------------------------------------------------------
 
 
-@scenario
-def reference(workdir):
-    """The functional model, run eagerly: what every other context must match."""
-    model, layer, out = functional()
-    fit(model, run_eagerly=True)
-    return trained(layer, out)
+def _register_fit(name: str, make, run_eagerly: bool) -> None:
+    """A scenario that fits the model `make()` returns (`(model, layer, out)`)."""
+
+    def run(workdir):
+        model, layer, out = make()
+        fit(model, run_eagerly=run_eagerly)
+        return trained(layer, out)
+
+    run.__name__ = name
+    scenario(run)
 
 
-@scenario
-def functional_graph(workdir):
-    model, layer, out = functional()
-    fit(model)
-    return trained(layer, out)
+def _unbuilt(cls):
+    """Not built before `fit`: Keras 3 first traces a decorated `call` in its symbolic
+    build, and reuses that trace for training."""
+    model = cls()
+    return model, model.user, model.out
 
 
-@scenario
-def sequential_graph(workdir):
-    model, layer, out = sequential()
-    fit(model)
-    return trained(layer, out)
-
-
-@scenario
-def subclassed_graph(workdir):
-    model, layer, out = subclassed(Subclassed)
-    fit(model)
-    return trained(layer, out)
-
-
-@scenario
-def subclassed_eager(workdir):
-    model, layer, out = subclassed(Subclassed)
-    fit(model, run_eagerly=True)
-    return trained(layer, out)
-
-
-@scenario
-def tf_function_call_graph(workdir):
-    model, layer, out = subclassed(TfFunctionCall)
-    fit(model)
-    return trained(layer, out)
-
-
-@scenario
-def tf_function_call_unbuilt(workdir):
-    """Not built before `fit`: Keras 3 first traces the decorated `call` in its
-    symbolic build, and reuses that trace for training."""
-    model = TfFunctionCall()
-    fit(model)
-    return trained(model.user, model.out)
-
-
-@scenario
-def tf_function_call_eager(workdir):
-    """run_eagerly=True: the step is eager, the decorated `call` still a function."""
-    model, layer, out = subclassed(TfFunctionCall)
-    fit(model, run_eagerly=True)
-    return trained(layer, out)
-
-
-@scenario
-def nested_helper_call_graph(workdir):
-    model, layer, out = subclassed(NestedHelperCall)
-    fit(model)
-    return trained(layer, out)
-
-
-@scenario
-def custom_train_step_nested_helper(workdir):
-    model, layer, out = subclassed(CustomTrainStep)
-    fit(model)
-    return trained(layer, out)
-
-
-@scenario
-def custom_train_step_nested_helper_eager(workdir):
-    model, layer, out = subclassed(CustomTrainStep)
-    fit(model, run_eagerly=True)
-    return trained(layer, out)
+for _name, _make, _eagerly in (
+    # The functional model, run eagerly: what every other context must match.
+    ("reference", functional, True),
+    ("functional_graph", functional, False),
+    ("sequential_graph", sequential, False),
+    ("subclassed_graph", lambda: subclassed(Subclassed), False),
+    ("subclassed_eager", lambda: subclassed(Subclassed), True),
+    ("tf_function_call_graph", lambda: subclassed(TfFunctionCall), False),
+    ("tf_function_call_unbuilt", lambda: _unbuilt(TfFunctionCall), False),
+    # run_eagerly=True: the step is eager, the decorated `call` still a function.
+    ("tf_function_call_eager", lambda: subclassed(TfFunctionCall), True),
+    ("nested_helper_call_graph", lambda: subclassed(NestedHelperCall), False),
+    ("custom_train_step_nested_helper", lambda: subclassed(CustomTrainStep), False),
+    ("custom_train_step_nested_helper_eager", lambda: subclassed(CustomTrainStep), True),
+):
+    _register_fit(_name, _make, _eagerly)
 
 
 def _custom_loop(model, layer, out, forward, step_is_function: bool) -> Dict[str, Any]:

@@ -72,20 +72,23 @@ def run_worker(mode: str, legacy_keras: bool, *args: str) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def tf_keras_results() -> Dict[str, Any]:
-    return run_worker("scenarios", legacy_keras=True)
+def tf_keras_results(module: str = "keras_scenarios") -> Dict[str, Any]:
+    return run_worker("scenarios", True, module)
 
 
 @functools.lru_cache(maxsize=None)
-def keras3_result(name: str) -> Any:
+def keras3_result(name: str, module: str = "keras_scenarios") -> Any:
     # Through JSON like the tf_keras results, so that both are checked alike.
-    return json.loads(json.dumps(keras_scenarios.SCENARIOS[name](workdir())))
+    scenarios = importlib.import_module(module).SCENARIOS
+    return json.loads(json.dumps(scenarios[name](workdir())))
 
 
-def result(name: str, flavor: str) -> Any:
+def result(name: str, flavor: str, module: str = "keras_scenarios") -> Any:
+    """Scenario `name` of the tests' `module`, run with Keras 3 here or with tf_keras in
+    a subprocess (all of the module's scenarios at once)."""
     if flavor == "tf_keras" and importlib.util.find_spec("tf_keras") is None:
         pytest.skip("tf_keras is not installed")
-    got = keras3_result(name) if flavor == "keras3" else tf_keras_results()[name]
+    got = keras3_result(name, module) if flavor == "keras3" else tf_keras_results(module)[name]
     if isinstance(got, dict) and "error" in got:
         raise AssertionError(f"scenario {name} failed with {flavor}:\n{got['error']}")
     return got

@@ -13,16 +13,13 @@ a model whose `call` is a `tf.function`).
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import json
-from typing import Any, Dict
+from typing import Any
 
 import numpy as np
 import pytest
 
 import context_scenarios
-from test_keras_layers import run_worker, workdir
+from test_keras_layers import result as keras_layers_result
 
 FLAVORS = ["keras3", "tf_keras"]
 CONTEXTS = [
@@ -32,23 +29,8 @@ CONTEXTS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
-def tf_keras_results() -> Dict[str, Any]:
-    return run_worker("scenarios", True, "context_scenarios")
-
-
-@functools.lru_cache(maxsize=None)
-def keras3_result(name: str) -> Any:
-    return json.loads(json.dumps(context_scenarios.SCENARIOS[name](workdir())))
-
-
 def result(name: str, flavor: str) -> Any:
-    if flavor == "tf_keras" and importlib.util.find_spec("tf_keras") is None:
-        pytest.skip("tf_keras is not installed")
-    got = keras3_result(name) if flavor == "keras3" else tf_keras_results()[name]
-    if isinstance(got, dict) and "error" in got:
-        raise AssertionError(f"scenario {name} failed with {flavor}:\n{got['error']}")
-    return got
+    return keras_layers_result(name, flavor, "context_scenarios")
 
 
 def distinct_ids() -> list:
