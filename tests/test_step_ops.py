@@ -73,6 +73,20 @@ def test_segment_sum_equals_tf_bit_for_bit(dtype, shape):
     np.testing.assert_array_equal(counts.numpy(), np.bincount(segments.numpy(), minlength=num))
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_segment_sum_of_many_rows_equals_tf_bit_for_bit(dtype):
+    # 2**22 values: the kernel splits the segments among the threads (smaller sums
+    # run in one pass), and each segment must still add its rows in row order.
+    rng = np.random.default_rng(2)
+    values = tf.constant(rng.normal(size=(1 << 18, 16)) * 10.0 ** rng.integers(-6, 6, size=(1 << 18, 16)), dtype)
+    num = 50_000
+    segments = tf.constant(rng.integers(0, num, size=1 << 18), tf.int32)
+    sums, counts = step_ops.segment_sum_with_counts(values, segments, num)
+    want = tf.math.unsorted_segment_sum(values, segments, num)
+    assert sums.numpy().tobytes() == want.numpy().tobytes()
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(segments.numpy(), minlength=num))
+
+
 def test_segment_sum_int64_ids_and_empty_segments():
     values = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     sums, counts = ops.dynemb_segment_sum(
