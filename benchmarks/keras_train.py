@@ -42,7 +42,9 @@ their `DynamicEmbeddingOptimizer`. The parent prints each round, then each ratio
 round (ours over each other implementation run) and its median. With `ceiling` in the
 run it also prints each embedding's cost per id, per round and its median: the step time
 minus the same round's free-embedding (`ceiling`) step time, divided by the ids in a
-step (batch x 26), in ns, from the timed windows' mean step and from the p50 steps.
+step (batch x 26), in ns, from the timed windows' mean step, from the p50 steps, and
+from the process CPU time per timed step (which other jobs on a shared machine move
+far less than the wall time).
 
 Throughput: examples/s over the steps after `--warmup` (from the end of the warm-up
 step to the end of the last step; `fit`'s teardown after it is recorded apart, as
@@ -307,10 +309,13 @@ def run_child(args):
     class Timer(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
+            cpu = time.process_time()
             if batch == args.warmup - 1:
                 marks["warm"] = now
+                marks["warm_cpu"] = cpu
             if batch >= args.warmup - 1:
                 step_ends.append(now)
+                marks["end_cpu"] = cpu
 
     t0 = time.perf_counter()
     history = model.fit(ds, epochs=1, steps_per_epoch=total, verbose=0, callbacks=[Timer()])
@@ -340,6 +345,9 @@ def run_child(args):
         "final_loss": float(history.history["loss"][-1]),
         "table_keys": int(sum(sizes)),
         "cpu_seconds": time.process_time(),
+        # CPU time of the process (all threads) over the timed steps: on a shared machine
+        # it moves far less with the load than the wall time does.
+        "cpu_ms_per_step": (marks["end_cpu"] - marks["warm_cpu"]) * 1e3 / args.steps,
         # Per-step wall times (ms): a run uniformly slow vs. one with stalls.
         "step_ms_percentiles": _percentiles_ms(np.diff(step_ends)),
     }
@@ -356,8 +364,10 @@ def ns_per_id(runs, impl, rounds, ids_per_step):
     time of the free embedding (`ceiling`: the same model, pipeline and batch with fixed
     rows) of the same round, divided by the ids in a step (batch x 26), in nanoseconds.
     `mean_step` from the timed windows (seconds / steps), `median_step` from the p50
-    step times; rounds where either child failed are left out."""
-    out = {"mean_step": [], "median_step": []}
+    step times, `cpu` from the process CPU time per timed step (all threads: less
+    sensitive to other jobs on the machine than wall time, but it counts work two
+    threads did at once twice); rounds where either child failed are left out."""
+    out = {"mean_step": [], "median_step": [], "cpu": []}
     for r in range(rounds):
         got = {x["impl"]: x for x in runs if x.get("round") == r and "error" not in x}
         if impl not in got or "ceiling" not in got:
@@ -366,6 +376,8 @@ def ns_per_id(runs, impl, rounds, ids_per_step):
         out["mean_step"].append((1 / a["steps_per_s"] - 1 / c["steps_per_s"]) * 1e9 / ids_per_step)
         out["median_step"].append((a["step_ms_percentiles"]["p50"] - c["step_ms_percentiles"]["p50"])
                                   * 1e6 / ids_per_step)
+        if "cpu_ms_per_step" in a and "cpu_ms_per_step" in c:
+            out["cpu"].append((a["cpu_ms_per_step"] - c["cpu_ms_per_step"]) * 1e6 / ids_per_step)
     return out
 
 
@@ -486,7 +498,9 @@ def main():
                   f"mean step: {', '.join(f'{x:.1f}' for x in cost['mean_step'])}; median "
                   f"{median(cost['mean_step']):.1f}; median step (p50): "
                   f"{', '.join(f'{x:.1f}' for x in cost['median_step'])}; median "
-                  f"{median(cost['median_step']):.1f}")
+                  f"{median(cost['median_step']):.1f}; CPU time: "
+                  f"{', '.join(f'{x:.1f}' for x in cost['cpu'])}; median "
+                  f"{median(cost['cpu']) or float('nan'):.1f}")
     for impl, s in summary.items():
         if isinstance(s, dict) and "examples_per_s" in s:
             print(f"{impl}: examples/s {', '.join(f'{x:.0f}' for x in s['examples_per_s'])}; median {s['median']:.0f}")
