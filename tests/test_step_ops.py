@@ -22,7 +22,7 @@ def _power_law_ids(n, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
-@pytest.mark.parametrize("n", [0, 1, 7, 50_000])
+@pytest.mark.parametrize("n", [0, 1, 7, 16, 17, 50_000])
 def test_unique_equals_tf_unique(dtype, n):
     ids = _power_law_ids(n, dtype)[: max(n, 0)] if n < 10 else _power_law_ids(n, dtype)
     got_ids, got_index = step_ops.unique(ids)
