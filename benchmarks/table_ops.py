@@ -441,9 +441,10 @@ def bench_lookup_vs_gather(tf, de, n: int, dim: int, batch: int, passes: int, se
     keys per call): with batches of 65,536 keys a call takes 1-3 ms, so a whole pass at
     1M keys is only 16 calls, and a best-of-3 of such passes, each side measured on its
     own, moved between 0.45 and 1.57 x on this shared machine. A pair's two calls run
-    back to back, so they see about the same load; under a load of 5 on 2 cores the
-    ratio of the two sides' median calls still moved between 0.39 and 0.82 where the
-    pairs' median stayed within 0.65-0.72. Printed beside it: each side's median call
+    back to back, so they see about the same load; under a load of 5 on 2 cores (one
+    build, three processes, dims 8 and 64) the ratio of the two sides' median calls
+    still moved between 0.39 and 0.82 where the pairs' median stayed within 0.69-0.72.
+    Printed beside it: each side's median call
     (keys/s), the per-pass ratios (sum of gather's call times over ours') and the pair
     ratios, as (min, quartiles, max). The table is filled first (its insert rate is
     reported, no target)."""
