@@ -2,14 +2,15 @@
 
     python benchmarks/keras_train.py [--impls ours,keras-vocab,keras-hashed,ceiling,tfra]
         [--layout per-feature|shared] [--steady] [--keras auto|keras3|tf_keras]
-        [--rounds 3] [--warmup 20] [--steps 150] [--out benchmarks/results/keras_train_<tag>.json]
+        [--rounds 3] [--warmup 20] [--steps 150] [--batch 4096]
+        [--out benchmarks/results/keras_train_<tag>.json]
 
 Model (Criteo-like): 26 categorical features, each an int64 id drawn with power-law
 (Zipf-like, exponent 1.1) frequencies over 5,000,000 values and scattered over the
 int64 range; dynamic embeddings of dim 16; the 26 rows concatenated into an MLP
 64-32-1 (relu, relu, logit; `--mlp` sets the hidden widths); binary cross-entropy;
 Adam(1e-3) (`--optimizer` picks another) wrapped in each library's
-`DynamicEmbeddingOptimizer`; batch 4096; `model.fit` over a `tf.data` pipeline of
+`DynamicEmbeddingOptimizer`; batch 4096 (`--batch`); `model.fit` over a `tf.data` pipeline of
 pre-generated batches (the same seeded batches for every implementation).
 
 Layouts: `per-feature` (default): one embedding layer (table) per feature, as DLRM and
@@ -38,7 +39,12 @@ it is installed):
 
 The Keras baselines use plain `keras.optimizers.Adam(1e-3)`; ours and TFRA wrap it in
 their `DynamicEmbeddingOptimizer`. The parent prints each round, then each ratio per
-round (ours over each other implementation run) and its median.
+round (ours over each other implementation run) and its median. With `ceiling` in the
+run it also prints each embedding's cost per id, per round and its median: the step time
+minus the same round's free-embedding (`ceiling`) step time, divided by the ids in a
+step (batch x 26), in ns, from the timed windows' mean step, from the p50 steps, and
+from the process CPU time per timed step (which other jobs on a shared machine move
+far less than the wall time).
 
 Throughput: examples/s over the steps after `--warmup` (from the end of the warm-up
 step to the end of the last step; `fit`'s teardown after it is recorded apart, as
@@ -81,12 +87,12 @@ def power_law_ids(rng, n, vocab=VOCAB, s=ZIPF):
     return np.clip(ranks, 1, vocab)
 
 
-def make_batches(steps, seed=0, layout="per-feature"):
-    """`ids [steps, BATCH, FEATURES]` int64 and `labels [steps, BATCH, 1]` float32."""
+def make_batches(steps, seed=0, layout="per-feature", batch=BATCH):
+    """`ids [steps, batch, FEATURES]` int64 and `labels [steps, batch, 1]` float32."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    ranks = power_law_ids(rng, steps * BATCH * FEATURES).reshape(steps, BATCH, FEATURES)
+    ranks = power_law_ids(rng, steps * batch * FEATURES).reshape(steps, batch, FEATURES)
     feature = np.arange(FEATURES, dtype=np.uint64)
     # Scatter ranks over the key space, differently per feature (a hash, as in real logs).
     with np.errstate(over="ignore"):
@@ -94,7 +100,7 @@ def make_batches(steps, seed=0, layout="per-feature"):
     ids = (mixed >> np.uint64(1)).astype(np.int64)
     if layout == "shared":  # feature number in the high bits: one table holds all
         ids = (ids & np.int64((1 << 56) - 1)) | (feature.astype(np.int64) << 56)
-    labels = (rng.random((steps, BATCH, 1)) < 0.25).astype(np.float32)
+    labels = (rng.random((steps, batch, 1)) < 0.25).astype(np.float32)
     return ids, labels
 
 
@@ -284,7 +290,7 @@ def run_child(args):
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
     total = args.warmup + args.steps
     distinct = args.distinct_batches or total
-    ids, labels = make_batches(distinct, seed=args.seed, layout=args.layout)
+    ids, labels = make_batches(distinct, seed=args.seed, layout=args.layout, batch=args.batch)
     if args.layout == "shared":
         features = ids
     else:
@@ -303,10 +309,13 @@ def run_child(args):
     class Timer(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
+            cpu = time.process_time()
             if batch == args.warmup - 1:
                 marks["warm"] = now
+                marks["warm_cpu"] = cpu
             if batch >= args.warmup - 1:
                 step_ends.append(now)
+                marks["end_cpu"] = cpu
 
     t0 = time.perf_counter()
     history = model.fit(ds, epochs=1, steps_per_epoch=total, verbose=0, callbacks=[Timer()])
@@ -325,17 +334,20 @@ def run_child(args):
         "warmup_steps": args.warmup,
         "distinct_batches": distinct,
         "steps": args.steps,
-        "batch": BATCH,
+        "batch": args.batch,
         "mlp": args.mlp,
         "optimizer": args.optimizer,
         "seconds": secs,
         "warmup_seconds": marks["warm"] - t0,
         "fit_teardown_seconds": returned - step_ends[-1],
         "steps_per_s": args.steps / secs,
-        "examples_per_s": args.steps * BATCH / secs,
+        "examples_per_s": args.steps * args.batch / secs,
         "final_loss": float(history.history["loss"][-1]),
         "table_keys": int(sum(sizes)),
         "cpu_seconds": time.process_time(),
+        # CPU time of the process (all threads) over the timed steps: on a shared machine
+        # it moves far less with the load than the wall time does.
+        "cpu_ms_per_step": (marks["end_cpu"] - marks["warm_cpu"]) * 1e3 / args.steps,
         # Per-step wall times (ms): a run uniformly slow vs. one with stalls.
         "step_ms_percentiles": _percentiles_ms(np.diff(step_ends)),
     }
@@ -345,6 +357,28 @@ def run_child(args):
 # ---------------------------------------------------------------------------------------
 # Parent: alternate children, compare
 # ---------------------------------------------------------------------------------------
+
+
+def ns_per_id(runs, impl, rounds, ids_per_step):
+    """The embedding's cost per id of `impl`, per round: its step time minus the step
+    time of the free embedding (`ceiling`: the same model, pipeline and batch with fixed
+    rows) of the same round, divided by the ids in a step (batch x 26), in nanoseconds.
+    `mean_step` from the timed windows (seconds / steps), `median_step` from the p50
+    step times, `cpu` from the process CPU time per timed step (all threads: less
+    sensitive to other jobs on the machine than wall time, but it counts work two
+    threads did at once twice); rounds where either child failed are left out."""
+    out = {"mean_step": [], "median_step": [], "cpu": []}
+    for r in range(rounds):
+        got = {x["impl"]: x for x in runs if x.get("round") == r and "error" not in x}
+        if impl not in got or "ceiling" not in got:
+            continue
+        a, c = got[impl], got["ceiling"]
+        out["mean_step"].append((1 / a["steps_per_s"] - 1 / c["steps_per_s"]) * 1e9 / ids_per_step)
+        out["median_step"].append((a["step_ms_percentiles"]["p50"] - c["step_ms_percentiles"]["p50"])
+                                  * 1e6 / ids_per_step)
+        if "cpu_ms_per_step" in a and "cpu_ms_per_step" in c:
+            out["cpu"].append((a["cpu_ms_per_step"] - c["cpu_ms_per_step"]) * 1e6 / ids_per_step)
+    return out
 
 
 def main():
@@ -367,6 +401,7 @@ def main():
     p.add_argument("--steady", action="store_true",
                    help="steady state: --distinct-batches = --warmup, so the measured steps "
                         "revisit ids the warm-up inserted (no table growth)")
+    p.add_argument("--batch", type=int, default=BATCH, help="examples per step")
     p.add_argument("--mlp", default="64,32", help="hidden layer widths of the MLP")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS,
                    help="the inner optimizer (every implementation uses the same)")
@@ -408,7 +443,7 @@ def main():
             cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--layout", args.layout,
                    "--warmup", str(args.warmup), "--steps", str(args.steps), "--seed", str(args.seed),
                    "--distinct-batches", str(args.distinct_batches),
-                   "--mlp", args.mlp, "--optimizer", args.optimizer,
+                   "--mlp", args.mlp, "--optimizer", args.optimizer, "--batch", str(args.batch),
                    "--threads", str(args.threads), "--inter-threads", str(args.inter_threads)]
             res, error = spawn_child(cmd, env)
             if res is None:
@@ -452,8 +487,22 @@ def main():
                 f"; every round: {'PASS' if min(ratios) >= target else 'FAIL'}")
             print(f"{label} per round: {', '.join(f'{x:.{digits}f}' for x in ratios)}; "
                   f"median {med:.{digits}f}{verdict}")
+    ids_per_step = args.batch * FEATURES
+    for impl in impls:
+        if impl == "ceiling" or "ceiling" not in impls:
+            continue
+        cost = ns_per_id(runs, impl, args.rounds, ids_per_step)
+        if cost["mean_step"]:
+            summary[f"ns_per_id_{impl}"] = cost
+            print(f"{impl}: ns per id against the free embedding (ceiling) per round, "
+                  f"mean step: {', '.join(f'{x:.1f}' for x in cost['mean_step'])}; median "
+                  f"{median(cost['mean_step']):.1f}; median step (p50): "
+                  f"{', '.join(f'{x:.1f}' for x in cost['median_step'])}; median "
+                  f"{median(cost['median_step']):.1f}; CPU time: "
+                  f"{', '.join(f'{x:.1f}' for x in cost['cpu'])}; median "
+                  f"{median(cost['cpu']) or float('nan'):.1f}")
     for impl, s in summary.items():
-        if isinstance(s, dict):
+        if isinstance(s, dict) and "examples_per_s" in s:
             print(f"{impl}: examples/s {', '.join(f'{x:.0f}' for x in s['examples_per_s'])}; median {s['median']:.0f}")
     out = args.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results",
@@ -461,7 +510,8 @@ def main():
         f"{'change_tracking' if 'ours-untracked' in impls else 'keras_train'}_tf{tf.__version__}"
         f"_{args.layout}{'_steady' if args.steady else ''}"
         f"{'' if args.optimizer == 'adam' else '_' + args.optimizer}"
-        f"{'' if args.mlp == '64,32' else '_mlp' + args.mlp.replace(',', '-')}.json")
+        f"{'' if args.mlp == '64,32' else '_mlp' + args.mlp.replace(',', '-')}"
+        f"{'' if args.batch == BATCH else f'_batch{args.batch}'}.json")
     write_record(
         out,
         "keras_train",
@@ -473,6 +523,7 @@ def main():
         distinct_batches=args.distinct_batches or args.warmup + args.steps,
         mlp=args.mlp,
         optimizer=args.optimizer,
+        batch=args.batch,
         runs=runs,
         summary=summary,
     )

@@ -1,7 +1,7 @@
 """Op-level profile of the `keras_train.py` training step (TF profiler, host plane).
 
     python benchmarks/profile_train.py [--impl ours|tfra] [--layout per-feature|shared]
-        [--warmup 10] [--steps 10] [--top 40] [--steady]
+        [--warmup 10] [--steps 10] [--top 40] [--steady] [--batch 4096]
 
 Trains `--warmup` steps, then records `--steps` steps with `tf.profiler` and prints the
 time per op type summed over the TF executor's threads (so on 2 threads the total can
@@ -29,6 +29,7 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--batch", type=int, default=keras_train.BATCH, help="examples per step")
     p.add_argument("--steady", action="store_true",
                    help="the profiled steps revisit the warm-up's batches (no new keys)")
     args = p.parse_args()
@@ -39,7 +40,8 @@ def main():
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     total = args.warmup + args.steps
-    ids, labels = keras_train.make_batches(args.warmup if args.steady else total, layout=args.layout)
+    ids, labels = keras_train.make_batches(args.warmup if args.steady else total, layout=args.layout,
+                                           batch=args.batch)
     if args.layout == "shared":
         feats = ids
     else:

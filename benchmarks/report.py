@@ -115,6 +115,8 @@ def keras_train_table(records):
             regime += f", {rec['optimizer']}"
         if rec.get("mlp", "64,32") != "64,32":
             regime += f", MLP {rec['mlp']}"
+        if rec.get("batch", 4096) != 4096:
+            regime += f", batch {rec['batch']}"
         rates = [_spread(s.get(impl, {}).get("examples_per_s", [])) for impl, _ in TRAIN_IMPLS]
         ratios = [_ratio_cell(s.get(key, []), target) for key, _, target in TRAIN_RATIOS]
         rows.append(
@@ -331,7 +333,8 @@ def main():
 
     train = _newest(_load("keras_train_*.json", args.results),
                     lambda r: (r["tf"], r.get("layout", ""), r.get("regime", "growing"),
-                               r.get("optimizer", "adam"), r.get("mlp", "64,32")))
+                               r.get("optimizer", "adam"), r.get("mlp", "64,32"),
+                               r.get("batch", 4096)))
     state = _newest(_load("train_state_*.json", args.results), lambda r: r["tf"])
     sections = {"keras_train": keras_train_table(train), "train_state": train_state_table(state)}
     if args.check:

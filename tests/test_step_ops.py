@@ -22,7 +22,7 @@ def _power_law_ids(n, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
-@pytest.mark.parametrize("n", [0, 1, 7, 50_000])
+@pytest.mark.parametrize("n", [0, 1, 7, 16, 17, 50_000])
 def test_unique_equals_tf_unique(dtype, n):
     ids = _power_law_ids(n, dtype)[: max(n, 0)] if n < 10 else _power_law_ids(n, dtype)
     got_ids, got_index = step_ops.unique(ids)
@@ -69,6 +69,20 @@ def test_segment_sum_equals_tf_bit_for_bit(dtype, shape):
     assert sums.dtype == dtype and counts.dtype == tf.int32
     # Bit for bit: the same additions in the same order (compare the raw bytes so
     # that -0.0, NaN and rounding all count).
+    assert sums.numpy().tobytes() == want.numpy().tobytes()
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(segments.numpy(), minlength=num))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_segment_sum_of_many_rows_equals_tf_bit_for_bit(dtype):
+    # 2**22 values: the kernel splits the segments among the threads (smaller sums
+    # run in one pass), and each segment must still add its rows in row order.
+    rng = np.random.default_rng(2)
+    values = tf.constant(rng.normal(size=(1 << 18, 16)) * 10.0 ** rng.integers(-6, 6, size=(1 << 18, 16)), dtype)
+    num = 50_000
+    segments = tf.constant(rng.integers(0, num, size=1 << 18), tf.int32)
+    sums, counts = step_ops.segment_sum_with_counts(values, segments, num)
+    want = tf.math.unsorted_segment_sum(values, segments, num)
     assert sums.numpy().tobytes() == want.numpy().tobytes()
     np.testing.assert_array_equal(counts.numpy(), np.bincount(segments.numpy(), minlength=num))
 

@@ -20,17 +20,35 @@ namespace dynemb {
 // `unique` has room for n keys. Open addressing over a power-of-two array of
 // at least 2n int32 positions (-1: empty), so probes stay short; the keys
 // themselves are compared in `unique`. O(n), one thread: the batch is small
-// (~100k ids) and its order is sequential by definition.
+// (~100k ids) and its order is sequential by definition. Key i's hash is
+// taken, and its first slot prefetched, kDedupAhead keys before it is placed:
+// a training step's 106k ids probe a 1 MiB array at random, and the placing
+// loop would otherwise wait on each probe's cache miss in turn.
+constexpr int64_t kDedupAhead = 16;
+
 template <typename K, typename Index>
 int64_t DedupKeys(const K* keys, int64_t n, K* unique, Index* index) {
   uint64_t size = 16;
   while (size < 2 * static_cast<uint64_t>(n)) size <<= 1;
   const uint64_t mask = size - 1;
   std::vector<int32_t> slots(size, -1);
+  // hashes[i % kDedupAhead]: key i's hash, from when it was prefetched.
+  uint64_t hashes[kDedupAhead];
+  const int64_t ahead = n < kDedupAhead ? n : kDedupAhead;
+  for (int64_t i = 0; i < ahead; ++i) {
+    hashes[i] = HashKey(keys[i]);
+    __builtin_prefetch(&slots[hashes[i] & mask]);
+  }
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
     const K key = keys[i];
-    uint64_t pos = HashKey(key) & mask;
+    uint64_t pos = hashes[i % kDedupAhead] & mask;
+    const int64_t next = i + kDedupAhead;
+    if (next < n) {
+      const uint64_t h = HashKey(keys[next]);
+      hashes[next % kDedupAhead] = h;  // key i's entry, read above
+      __builtin_prefetch(&slots[h & mask]);
+    }
     while (true) {
       const int32_t at = slots[pos];
       if (at < 0) {

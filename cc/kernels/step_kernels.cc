@@ -86,15 +86,33 @@ class SegmentSumOp : public OpKernel {
     const T* rows = values.flat<T>().data();
     T* out = sums->flat<T>().data();
     Index* count = counts->flat<Index>().data();
-    // Each thread owns a range of segments and scans every id: the scan is cheap
-    // next to adding the rows, and each segment's rows still add up in row order.
+    // Each block of segments scans every id and adds the rows of its own, so each
+    // segment's rows still add up in row order. A training step's gradient (~100k
+    // rows of 16) is summed in one pass on this thread: every block pays a scan of
+    // all ids with an unpredictable branch per id, and TF's cost model cut such a
+    // sum into 4 blocks per thread, which took 3.6 ms of a steady shared step where
+    // one pass takes ~1 (docs/benchmarks.md, "Cost per id"). Larger sums use one
+    // block per thread.
     auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t cost_per_segment = std::max<int64_t>(1, n * (width + 2) / num_segments);
-    tensorflow::Shard(pool->num_threads, pool->workers, num_segments, cost_per_segment,
-                      [&](int64_t first, int64_t last) {
-                        SumSegments(rows, segment, n, width, first, last, out, count);
-                      });
+    const int64_t blocks =
+        n * width < kParallelSumElements ? 1 : std::min<int64_t>(pool->num_threads, num_segments);
+    const auto sum_blocks = [&](int64_t first_block, int64_t last_block) {
+      for (int64_t b = first_block; b < last_block; ++b) {
+        SumSegments(rows, segment, n, width, num_segments * b / blocks,
+                    num_segments * (b + 1) / blocks, out, count);
+      }
+    };
+    if (blocks <= 1) {
+      sum_blocks(0, 1);
+    } else {
+      // One block per task (the cost only has to be high enough for TF to split).
+      tensorflow::Shard(blocks, pool->workers, blocks, /*cost_per_unit=*/1 << 20, sum_blocks);
+    }
   }
+
+ private:
+  // Below this many values (rows x width) the sum runs in one pass on one thread.
+  static constexpr int64_t kParallelSumElements = int64_t{1} << 22;
 };
 
 #define DYNEMB_REGISTER_UNIQUE(K, Index)                                     \
