@@ -166,7 +166,7 @@ class RedisTable final : public Table {
   Status FindRows(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
                   bool default_per_key, bool update_scores, const Runner& runner) override {
     (void)update_scores;  // Redis keeps no scores
-    DYNEMB_RETURN_IF_ERROR(CheckBatchArgs(keys, n, values, "values", INT64_MAX, "[0, 2^63)"));
+    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     if (n > 0 && defaults == nullptr) return InvalidArgument("FindRows: defaults must not be null");
     std::atomic<int64_t> misses{0};
     Status s = ForGroups(keys, n, runner, /*retry=*/true,
@@ -202,7 +202,7 @@ class RedisTable final : public Table {
                         EvictedEntries* evicted, const Runner& runner) override {
     (void)scores;  // no scores in Redis
     if (evicted != nullptr) evicted->count = 0;  // never evicts
-    DYNEMB_RETURN_IF_ERROR(CheckBatchArgs(keys, n, values, "values", INT64_MAX, "[0, 2^63)"));
+    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     const char* rows = static_cast<const char*>(values);
     Status s = ForGroups(keys, n, runner, /*retry=*/true,
         [&](const Group& g, std::vector<Command>* cmds) {
@@ -221,7 +221,7 @@ class RedisTable final : public Table {
   Status AccumAndEvict(const void* keys, int64_t n, const void* deltas, const bool* exists,
                        EvictedEntries* evicted, const Runner& runner) override {
     if (evicted != nullptr) evicted->count = 0;
-    DYNEMB_RETURN_IF_ERROR(CheckBatchArgs(keys, n, deltas, "deltas", INT64_MAX, "[0, 2^63)"));
+    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, deltas, "deltas"));
     const char* fmt = StructFormat(options_.value_type);
     if (fmt == nullptr) {
       return InvalidArgument(std::string("accum on a Redis table supports float32, float64, int8, "
@@ -267,7 +267,7 @@ class RedisTable final : public Table {
   }
 
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
-    DYNEMB_RETURN_IF_ERROR(CheckBatchArgs(keys, n, keys, "keys", INT64_MAX, "[0, 2^63)"));
+    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, keys, "keys"));
     return ForGroups(keys, n, runner, /*retry=*/true,
         [&](const Group& g, std::vector<Command>* cmds) { KeyCommands(g, "HDEL", keys, cmds); },
         [&](const Group& g, std::vector<Reply>& replies) -> Status {
@@ -284,6 +284,9 @@ class RedisTable final : public Table {
 
   Status Export(ExportSink* sink, const Runner& runner) override;
   Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) override;
+  // Reads every row into memory (Redis has no snapshot a client could hold);
+  // the streaming checkpoint saver then writes it in slices.
+  Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) override;
 
  private:
   // The rows of a batch that go to one bucket on one connection: batch row
@@ -295,6 +298,11 @@ class RedisTable final : public Table {
   };
   using Build = std::function<void(const Group&, std::vector<Command>*)>;
   using Parse = std::function<Status(const Group&, std::vector<Reply>&)>;
+
+  // CheckBatchArgs, where an empty batch may come with null pointers.
+  static Status CheckBatch(const void* keys, int64_t n, const void* data, const char* what) {
+    return n == 0 ? Status::Ok() : CheckBatchArgs(keys, n, data, what, INT64_MAX, "[0, 2^63)");
+  }
 
   std::string_view KeyBytes(const void* keys, int64_t i) const {
     switch (options_.key_type) {
@@ -637,6 +645,63 @@ Status RedisTable::ExportChunks(int64_t chunk_rows, const ChunkSink& sink) {
       return Status::Ok();
     }));
   }
+  return Status::Ok();
+}
+
+// The rows of a table read into memory: keys in the batch representation.
+class RedisSnapshot final : public TableSnapshot {
+ public:
+  RedisSnapshot(KeyType key_type, size_t value_bytes) : key_type_(key_type), value_bytes_(value_bytes) {}
+  void Add(std::string_view key, const char* row) {
+    keys_.emplace_back(key);
+    rows_.append(row, value_bytes_);
+  }
+  int64_t size() const override { return static_cast<int64_t>(keys_.size()); }
+  Status Read(int64_t begin, int64_t end, int64_t chunk_rows, const ChunkSink& sink) const override {
+    if (begin < 0 || end > size() || begin > end || chunk_rows < 1) {
+      return InvalidArgument("TableSnapshot::Read: bad range or chunk_rows");
+    }
+    for (int64_t b = begin; b < end; b += chunk_rows) {
+      const int64_t m = std::min(end, b + chunk_rows) - b;
+      std::vector<uint64_t> scores(m, 0);
+      std::vector<std::string_view> strings;
+      std::vector<int64_t> ints64;
+      std::vector<int32_t> ints32;
+      const void* keys;
+      if (key_type_ == KeyType::kString) {
+        for (int64_t j = 0; j < m; ++j) strings.emplace_back(keys_[b + j]);
+        keys = strings.data();
+      } else if (key_type_ == KeyType::kInt64) {
+        ints64.resize(m);
+        for (int64_t j = 0; j < m; ++j) std::memcpy(&ints64[j], keys_[b + j].data(), 8);
+        keys = ints64.data();
+      } else {
+        ints32.resize(m);
+        for (int64_t j = 0; j < m; ++j) std::memcpy(&ints32[j], keys_[b + j].data(), 4);
+        keys = ints32.data();
+      }
+      DYNEMB_RETURN_IF_ERROR(sink(keys, m, rows_.data() + b * value_bytes_, scores.data()));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const KeyType key_type_;
+  const size_t value_bytes_;
+  std::vector<std::string> keys_;
+  std::string rows_;
+};
+
+Status RedisTable::Snapshot(std::unique_ptr<TableSnapshot>* snapshot) {
+  auto snap = std::make_unique<RedisSnapshot>(options_.key_type, value_bytes_);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    DYNEMB_RETURN_IF_ERROR(ScanBucket(b, [&](const std::vector<std::string_view>& k,
+                                             const std::vector<const char*>& r) {
+      for (size_t j = 0; j < k.size(); ++j) snap->Add(k[j], r[j]);
+      return Status::Ok();
+    }));
+  }
+  *snapshot = std::move(snap);
   return Status::Ok();
 }
 
