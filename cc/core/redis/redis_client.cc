@@ -33,15 +33,17 @@ std::string ContextError(const redisContext* c) {
 }
 
 // Runs one command and returns its reply (nullptr with *status set on I/O error).
-Reply RunOne(redisContext* c, const Endpoint& endpoint, std::initializer_list<std::string_view> args,
-             Status* status) {
+Reply RunOne(redisContext* c, const Endpoint& endpoint, const ConnectOptions& options,
+             std::initializer_list<std::string_view> args, Status* status) {
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   for (std::string_view a : args) argv.push_back(a.data()), lens.push_back(a.size());
   void* raw = redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data());
   if (raw == nullptr) {
-    *status = Unavailable("Redis at " + endpoint.ToString() + " (redis_host_ip/redis_host_port): " +
-                          ContextError(c));
+    *status = Unavailable("Redis at " + endpoint.ToString() +
+                          " (redis_host_ip/redis_host_port) did not answer " + std::string(*args.begin()) +
+                          " within redis_socket_timeout " + std::to_string(options.socket_timeout_ms) +
+                          " ms: " + ContextError(c));
   }
   return Reply(static_cast<redisReply*>(raw));
 }
@@ -76,8 +78,8 @@ Status Connection::Open(const Endpoint& endpoint, const ConnectOptions& options,
     // Redis 6 ACLs: AUTH user password; "default" with AUTH password also
     // works on servers without ACLs (Redis 5).
     Reply reply = options.user.empty() || options.user == "default"
-                      ? RunOne(c, endpoint, {"AUTH", options.password}, &status)
-                      : RunOne(c, endpoint, {"AUTH", options.user, options.password}, &status);
+                      ? RunOne(c, endpoint, options, {"AUTH", options.password}, &status)
+                      : RunOne(c, endpoint, options, {"AUTH", options.user, options.password}, &status);
     DYNEMB_RETURN_IF_ERROR(status);
     if (reply->type == REDIS_REPLY_ERROR) {
       return InvalidArgument("Redis at " + endpoint.ToString() + " refused AUTH of redis_user '" +
@@ -85,7 +87,7 @@ Status Connection::Open(const Endpoint& endpoint, const ConnectOptions& options,
                              std::string(reply->str, reply->len));
     }
   }
-  Reply ping = RunOne(c, endpoint, {"PING"}, &status);
+  Reply ping = RunOne(c, endpoint, options, {"PING"}, &status);
   DYNEMB_RETURN_IF_ERROR(status);
   if (ping->type == REDIS_REPLY_ERROR) {
     const std::string err(ping->str, ping->len);
@@ -96,7 +98,7 @@ Status Connection::Open(const Endpoint& endpoint, const ConnectOptions& options,
     return Unavailable("Redis at " + endpoint.ToString() + " answered PING with: " + err);
   }
   if (options.db != 0) {
-    Reply reply = RunOne(c, endpoint, {"SELECT", std::to_string(options.db)}, &status);
+    Reply reply = RunOne(c, endpoint, options, {"SELECT", std::to_string(options.db)}, &status);
     DYNEMB_RETURN_IF_ERROR(status);
     if (reply->type == REDIS_REPLY_ERROR) {
       return InvalidArgument("Redis at " + endpoint.ToString() + " refused redis_db " +
