@@ -20,9 +20,6 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-import tensorflow_dynemb as de
-from tensorflow_dynemb.tables.redis import redis_available
-
 _TAGS = itertools.count()
 
 
@@ -166,12 +163,17 @@ def write_config(directory, port, **fields) -> str:
     return path
 
 
-def redis_config(path: str) -> de.RedisTableConfig:
+def redis_config(path: str):
+    """A de.RedisTableConfig of the file at `path`."""
+    import tensorflow_dynemb as de  # lazily: benchmarks/redis_ops.py's parent has no TF
+
     return de.RedisTableConfig(redis_config_abs_dir=path)
 
 
 def require_redis() -> None:
     """Skips the calling test where the Redis table cannot run here."""
+    from tensorflow_dynemb.tables.redis import redis_available
+
     if not redis_available():
         pytest.skip("the op library was built without hiredis (apt-get install libhiredis-dev, rebuild)")
     if shutil.which("redis-server") is None:

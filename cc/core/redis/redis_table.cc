@@ -67,33 +67,70 @@ std::vector<std::string> BucketNames(const RedisConfig& config, const std::strin
 namespace {
 
 // The Lua script of accum: per (key, delta, exists) triple, as Table::Accum
-// says. ARGV: element format for struct.(un)pack, dim, element bytes, "1" for
-// bool (logical or), then the triples. Atomic per call on the server.
+// says, applied in order (a key's later rows see its earlier ones). ARGV: the
+// struct format of one element (e.g. "<f"), dim, "1" for bool (logical or),
+// then the triples. Reads with HMGET and writes with HSET in blocks of 500
+// keys; whole rows are (un)packed at once up to 2000 elements. Atomic per
+// call on the server (a script runs alone).
 constexpr char kAccumScript[] = R"lua(
-local fmt, dim, size, isbool = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
-local h = KEYS[1]
-for i = 5, #ARGV, 3 do
-  local k, d, e = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local cur = redis.call('HGET', h, k)
-  if e == '1' then
-    if cur then
-      local out = {}
-      for j = 0, dim - 1 do
-        local a = struct.unpack(fmt, cur, j * size + 1)
-        local b = struct.unpack(fmt, d, j * size + 1)
-        if isbool then
-          if a ~= 0 or b ~= 0 then a = 1 else a = 0 end
-        else
-          a = a + b
-        end
-        out[j + 1] = struct.pack(fmt, a)
-      end
-      redis.call('HSET', h, k, table.concat(out))
-    end
-  elseif not cur then
-    redis.call('HSET', h, k, d)
+local fmt, dim, isbool = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
+local h, n = KEYS[1], (#ARGV - 3) / 3
+local elem = string.sub(fmt, 2)
+local row = dim <= 2000 and ('<' .. string.rep(elem, dim)) or nil
+local size = struct.size(fmt)
+local state = {}
+for b = 1, n, 500 do
+  local ks = {}
+  for i = b, math.min(n, b + 499) do ks[#ks + 1] = ARGV[3 * i + 1] end
+  local vals = redis.call('HMGET', h, unpack(ks))
+  for j = 1, #ks do
+    if state[ks[j]] == nil then state[ks[j]] = vals[j] end
   end
 end
+local function unpack_row(s)
+  if row then return {struct.unpack(row, s)} end
+  local t = {}
+  for j = 1, dim do t[j] = struct.unpack(fmt, s, (j - 1) * size + 1) end
+  return t
+end
+local function pack_row(t)
+  if row then return struct.pack(row, unpack(t, 1, dim)) end
+  local parts = {}
+  for j = 1, dim do parts[j] = struct.pack(fmt, t[j]) end
+  return table.concat(parts)
+end
+local dirty = {}
+for i = 1, n do
+  local k, d, e = ARGV[3 * i + 1], ARGV[3 * i + 2], ARGV[3 * i + 3]
+  local c = state[k]
+  if e == '1' then
+    if c then
+      local a, x = unpack_row(c), unpack_row(d)
+      for j = 1, dim do
+        if isbool then
+          if a[j] ~= 0 or x[j] ~= 0 then a[j] = 1 else a[j] = 0 end
+        else
+          a[j] = a[j] + x[j]
+        end
+      end
+      state[k] = pack_row(a)
+      dirty[k] = true
+    end
+  elseif not c then
+    state[k] = d
+    dirty[k] = true
+  end
+end
+local args = {}
+for k, _ in pairs(dirty) do
+  args[#args + 1] = k
+  args[#args + 1] = state[k]
+  if #args >= 1000 then
+    redis.call('HSET', h, unpack(args))
+    args = {}
+  end
+end
+if #args > 0 then redis.call('HSET', h, unpack(args)) end
 return 0
 )lua";
 
@@ -230,7 +267,6 @@ class RedisTable final : public Table {
     }
     if (n > 0 && exists == nullptr) return InvalidArgument("AccumAndEvict: exists must not be null");
     const std::string dim = std::to_string(options_.dim);
-    const std::string size = std::to_string(ValueTypeSize(options_.value_type));
     const bool is_bool = options_.value_type == ValueType::kBool;
     static const char kOne = '1', kZero = '0';
     // Not re-sent on a lost connection: the script may have run.
@@ -240,7 +276,7 @@ class RedisTable final : public Table {
             const int64_t e = std::min(g.n, b + config_.keys_sending_size);
             Command c;
             c.Add("EVAL"), c.Add(kAccumScript), c.Add("1"), c.Add(buckets_[g.bucket]);
-            c.Add(fmt, std::strlen(fmt)), c.Add(dim), c.Add(size), c.Add(is_bool ? "1" : "0");
+            c.Add(fmt, std::strlen(fmt)), c.Add(dim), c.Add(is_bool ? "1" : "0");
             for (int64_t at = b; at < e; ++at) {
               const int64_t i = g.rows[at];
               AddKey(&c, keys, i);
