@@ -1,4 +1,5 @@
-// RedisTable: the Table of redis_table.h (design there).
+// RedisTable: the Table of redis_table.h (design there): bucket names, batch
+// grouping and the batch ops. Whole-table reads: redis_table_scan.cc.
 
 #include "cc/core/redis/redis_table.h"
 
@@ -18,6 +19,7 @@
 #include "cc/core/redis/md5.h"
 #include "cc/core/redis/redis_client.h"
 #include "cc/core/redis/redis_router.h"
+#include "cc/core/redis/redis_table_impl.h"
 #include "cc/core/update_rules.h"
 
 namespace dynemb {
@@ -152,285 +154,49 @@ inline uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
-class RedisTable final : public Table {
- public:
-  RedisTable(const TableOptions& options, const RedisConfig& config, std::string embedding_name)
-      : options_(options), config_(config), embedding_name_(std::move(embedding_name)),
-        router_(config), value_bytes_(options.value_bytes()) {}
+}  // namespace
 
-  ~RedisTable() override {
-    // As TFRA: buckets of a table no process holds expire after a while.
-    if (ready_ && config_.expire_model_tag_in_seconds > 0) {
-      (void)AllBuckets("EXPIRE", std::to_string(config_.expire_model_tag_in_seconds), nullptr);
-    }
-  }
+namespace internal {
 
-  Status Init() {
-    DYNEMB_RETURN_IF_ERROR(options_.Validate());
-    DYNEMB_RETURN_IF_ERROR(config_.Validate());
-    DYNEMB_RETURN_IF_ERROR(router_.Init());
-    std::vector<std::pair<int, int>> ranges;
-    if (router_.cluster() && !config_.redis_hash_tags_hypodispersion) ranges = router_.MasterFirstRanges();
-    buckets_ = BucketNames(config_, embedding_name_, ranges);
-    ready_ = true;
-    return AllBuckets("PERSIST", "", nullptr);
+Status RedisTable::AccumAndEvict(const void* keys, int64_t n, const void* deltas, const bool* exists,
+                               EvictedEntries* evicted, const Runner& runner) {
+  if (evicted != nullptr) evicted->count = 0;
+  DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, deltas, "deltas"));
+  const char* fmt = StructFormat(options_.value_type);
+  if (fmt == nullptr) {
+    return InvalidArgument(std::string("accum on a Redis table supports float32, float64, int8, "
+                                       "int32, int64 and bool values, not ") +
+                           ValueTypeName(options_.value_type));
   }
-
-  const TableOptions& options() const override { return options_; }
-
-  int64_t Size() const override {
-    int64_t n = 0;
-    (void)CheckedSize(&n);
-    return n;
-  }
-  Status CheckedSize(int64_t* size) const override {
-    std::vector<int64_t> per_bucket;
-    DYNEMB_RETURN_IF_ERROR(const_cast<RedisTable*>(this)->AllBuckets("HLEN", "", &per_bucket));
-    *size = 0;
-    for (int64_t n : per_bucket) *size += n;
-    last_size_ = *size;
-    return Status::Ok();
-  }
-  int64_t Capacity() const override { return last_size_; }
-  int64_t MemoryBytes() const override { return 0; }  // the rows live in Redis
-  TableCounters Counters() const override {
-    TableCounters c;
-    c.inserts = inserts_.load(), c.updates = updates_.load(), c.lookups = lookups_.load();
-    c.misses = misses_.load(), c.removes = removes_.load();
-    return c;
-  }
-
-  Status FindRows(const void* keys, int64_t n, void* values, bool* exists, const void* defaults,
-                  bool default_per_key, bool update_scores, const Runner& runner) override {
-    (void)update_scores;  // Redis keeps no scores
-    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
-    if (n > 0 && defaults == nullptr) return InvalidArgument("FindRows: defaults must not be null");
-    std::atomic<int64_t> misses{0};
-    Status s = ForGroups(keys, n, runner, /*retry=*/true,
-        [&](const Group& g, std::vector<Command>* cmds) { KeyCommands(g, "HMGET", keys, cmds); },
-        [&](const Group& g, std::vector<Reply>& replies) -> Status {
-          int64_t at = 0;
-          for (Reply& r : replies) {
-            DYNEMB_RETURN_IF_ERROR(ReplyStatus(r.get(), "HMGET from " + buckets_[g.bucket]));
-            if (r->type != REDIS_REPLY_ARRAY) return Status(StatusCode::kInternal, "HMGET: not an array");
-            for (size_t j = 0; j < r->elements && at < g.n; ++j, ++at) {
-              const int64_t i = g.rows[at];
-              char* out = static_cast<char*>(values) + i * value_bytes_;
-              const redisReply* e = r->element[j];
-              const bool found = e->type == REDIS_REPLY_STRING;
-              if (found) {
-                DYNEMB_RETURN_IF_ERROR(CheckWidth(e, g.bucket));
-                std::memcpy(out, e->str, value_bytes_);
-              } else {
-                const char* d = static_cast<const char*>(defaults) + (default_per_key ? i * value_bytes_ : 0);
-                std::memcpy(out, d, value_bytes_);
-                misses.fetch_add(1, std::memory_order_relaxed);
-              }
-              if (exists != nullptr) exists[i] = found;
-            }
+  if (n > 0 && exists == nullptr) return InvalidArgument("AccumAndEvict: exists must not be null");
+  const std::string dim = std::to_string(options_.dim);
+  const bool is_bool = options_.value_type == ValueType::kBool;
+  static const char kOne = '1', kZero = '0';
+  // Not re-sent on a lost connection: the script may have run.
+  return ForGroups(keys, n, runner, /*retry=*/false,
+      [&](const Group& g, std::vector<Command>* cmds) {
+        for (int64_t b = 0; b < g.n; b += config_.keys_sending_size) {
+          const int64_t e = std::min(g.n, b + config_.keys_sending_size);
+          Command c;
+          c.Add("EVAL"), c.Add(kAccumScript), c.Add("1"), c.Add(buckets_[g.bucket]);
+          c.Add(fmt, std::strlen(fmt)), c.Add(dim), c.Add(is_bool ? "1" : "0");
+          for (int64_t at = b; at < e; ++at) {
+            const int64_t i = g.rows[at];
+            AddKey(&c, keys, i);
+            c.Add(static_cast<const char*>(deltas) + i * value_bytes_, value_bytes_);
+            c.Add(exists[i] ? &kOne : &kZero, 1);
           }
-          return Status::Ok();
-        });
-    lookups_ += n, misses_ += misses.load();
-    return s;
-  }
-
-  Status InsertAndEvict(const void* keys, int64_t n, const void* values, const uint64_t* scores,
-                        EvictedEntries* evicted, const Runner& runner) override {
-    (void)scores;  // no scores in Redis
-    if (evicted != nullptr) evicted->count = 0;  // never evicts
-    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
-    const char* rows = static_cast<const char*>(values);
-    Status s = ForGroups(keys, n, runner, /*retry=*/true,
-        [&](const Group& g, std::vector<Command>* cmds) {
-          SetCommands(g, keys, [&](int64_t i) { return rows + i * value_bytes_; }, cmds);
-        },
-        [&](const Group& g, std::vector<Reply>& replies) -> Status {
-          for (Reply& r : replies) {
-            DYNEMB_RETURN_IF_ERROR(ReplyStatus(r.get(), "HSET into " + buckets_[g.bucket]));
-            if (r->type == REDIS_REPLY_INTEGER) inserts_ += r->integer;
-          }
-          return Status::Ok();
-        });
-    return s;
-  }
-
-  Status AccumAndEvict(const void* keys, int64_t n, const void* deltas, const bool* exists,
-                       EvictedEntries* evicted, const Runner& runner) override {
-    if (evicted != nullptr) evicted->count = 0;
-    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, deltas, "deltas"));
-    const char* fmt = StructFormat(options_.value_type);
-    if (fmt == nullptr) {
-      return InvalidArgument(std::string("accum on a Redis table supports float32, float64, int8, "
-                                         "int32, int64 and bool values, not ") +
-                             ValueTypeName(options_.value_type));
-    }
-    if (n > 0 && exists == nullptr) return InvalidArgument("AccumAndEvict: exists must not be null");
-    const std::string dim = std::to_string(options_.dim);
-    const bool is_bool = options_.value_type == ValueType::kBool;
-    static const char kOne = '1', kZero = '0';
-    // Not re-sent on a lost connection: the script may have run.
-    return ForGroups(keys, n, runner, /*retry=*/false,
-        [&](const Group& g, std::vector<Command>* cmds) {
-          for (int64_t b = 0; b < g.n; b += config_.keys_sending_size) {
-            const int64_t e = std::min(g.n, b + config_.keys_sending_size);
-            Command c;
-            c.Add("EVAL"), c.Add(kAccumScript), c.Add("1"), c.Add(buckets_[g.bucket]);
-            c.Add(fmt, std::strlen(fmt)), c.Add(dim), c.Add(is_bool ? "1" : "0");
-            for (int64_t at = b; at < e; ++at) {
-              const int64_t i = g.rows[at];
-              AddKey(&c, keys, i);
-              c.Add(static_cast<const char*>(deltas) + i * value_bytes_, value_bytes_);
-              c.Add(exists[i] ? &kOne : &kZero, 1);
-            }
-            cmds->push_back(std::move(c));
-          }
-        },
-        [&](const Group& g, std::vector<Reply>& replies) -> Status {
-          for (Reply& r : replies) {
-            DYNEMB_RETURN_IF_ERROR(ReplyStatus(r.get(), "accum into " + buckets_[g.bucket]));
-          }
-          updates_ += g.n;
-          return Status::Ok();
-        });
-  }
-
-  Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
-                   const Runner& runner) override {
-    DYNEMB_RETURN_IF_ERROR(CheckRuleStep(options_, keys, n, initial, step));
-    if (options_.value_type == ValueType::kFloat64) return ApplyRuleAs<double>(keys, n, initial, step, runner);
-    return ApplyRuleAs<float>(keys, n, initial, step, runner);
-  }
-
-  Status Remove(const void* keys, int64_t n, const Runner& runner) override {
-    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, keys, "keys"));
-    return ForGroups(keys, n, runner, /*retry=*/true,
-        [&](const Group& g, std::vector<Command>* cmds) { KeyCommands(g, "HDEL", keys, cmds); },
-        [&](const Group& g, std::vector<Reply>& replies) -> Status {
-          for (Reply& r : replies) {
-            DYNEMB_RETURN_IF_ERROR(ReplyStatus(r.get(), "HDEL from " + buckets_[g.bucket]));
-            if (r->type == REDIS_REPLY_INTEGER) removes_ += r->integer;
-          }
-          return Status::Ok();
-        });
-  }
-
-  void Clear() override { (void)CheckedClear(); }
-  Status CheckedClear() override { return AllBuckets("DEL", "", nullptr); }
-
-  Status Export(ExportSink* sink, const Runner& runner) override;
-  Status ExportChunks(int64_t chunk_rows, const ChunkSink& sink) override;
-  // Reads every row into memory (Redis has no snapshot a client could hold);
-  // the streaming checkpoint saver then writes it in slices.
-  Status Snapshot(std::unique_ptr<TableSnapshot>* snapshot) override;
-
- private:
-  // The rows of a batch that go to one bucket on one connection: batch row
-  // indices rows[0..n), in batch order.
-  struct Group {
-    int bucket;
-    const int64_t* rows;
-    int64_t n;
-  };
-  using Build = std::function<void(const Group&, std::vector<Command>*)>;
-  using Parse = std::function<Status(const Group&, std::vector<Reply>&)>;
-
-  // CheckBatchArgs, where an empty batch may come with null pointers.
-  static Status CheckBatch(const void* keys, int64_t n, const void* data, const char* what) {
-    return n == 0 ? Status::Ok() : CheckBatchArgs(keys, n, data, what, INT64_MAX, "[0, 2^63)");
-  }
-
-  std::string_view KeyBytes(const void* keys, int64_t i) const {
-    switch (options_.key_type) {
-      case KeyType::kInt32: return {reinterpret_cast<const char*>(static_cast<const int32_t*>(keys) + i), 4};
-      case KeyType::kInt64: return {reinterpret_cast<const char*>(static_cast<const int64_t*>(keys) + i), 8};
-      default: return static_cast<const std::string_view*>(keys)[i];
-    }
-  }
-  void AddKey(Command* c, const void* keys, int64_t i) const {
-    const std::string_view k = KeyBytes(keys, i);
-    c->Add(k.data(), k.size());
-  }
-  // TFRA's bucket of a key (redis_table.h, "Key layout").
-  int BucketOf(const void* keys, int64_t i) const {
-    if (!router_.cluster() || buckets_.size() == 1) return 0;
-    const std::string_view k = KeyBytes(keys, i);
-    uint32_t h;
-    if (options_.key_type == KeyType::kString || config_.using_hash_storage_slice) {
-      h = ~Crc32c(k.data(), k.size());  // TFRA's raw CRC32C from 0xffffffff
-    } else if (options_.key_type == KeyType::kInt64) {
-      h = static_cast<uint32_t>(*reinterpret_cast<const int64_t*>(k.data()) & 0xffffffffll);
-    } else {
-      h = static_cast<uint32_t>(*reinterpret_cast<const int32_t*>(k.data()));
-    }
-    return static_cast<int>(h % buckets_.size());
-  }
-
-  Status CheckWidth(const redisReply* e, int bucket) const {
-    if (e->len == value_bytes_) return Status::Ok();
-    return InvalidArgument("Redis bucket " + buckets_[bucket] + " holds a row of " +
-                           std::to_string(e->len) + " bytes, but this table's rows are " +
-                           std::to_string(options_.dim) + " x " + ValueTypeName(options_.value_type) +
-                           " = " + std::to_string(value_bytes_) +
-                           " bytes: another table of that name with another dim or dtype wrote it");
-  }
-
-  // Commands "<verb> bucket key..." of at most keys_sending_size keys.
-  void KeyCommands(const Group& g, const char* verb, const void* keys,
-                   std::vector<Command>* cmds) const {
-    for (int64_t b = 0; b < g.n; b += config_.keys_sending_size) {
-      const int64_t e = std::min(g.n, b + config_.keys_sending_size);
-      Command c;
-      c.Add(verb), c.Add(buckets_[g.bucket]);
-      for (int64_t at = b; at < e; ++at) AddKey(&c, keys, g.rows[at]);
-      cmds->push_back(std::move(c));
-    }
-  }
-  // Commands "HSET bucket key row key row..." (row i of the batch at
-  // row_of(i)).
-  template <typename RowOf>
-  void SetCommands(const Group& g, const void* keys, const RowOf& row_of,
-                   std::vector<Command>* cmds) const {
-    for (int64_t b = 0; b < g.n; b += config_.keys_sending_size) {
-      const int64_t e = std::min(g.n, b + config_.keys_sending_size);
-      Command c;
-      c.Add("HSET"), c.Add(buckets_[g.bucket]);
-      for (int64_t at = b; at < e; ++at) {
-        const int64_t i = g.rows[at];
-        AddKey(&c, keys, i);
-        c.Add(row_of(i), value_bytes_);
-      }
-      cmds->push_back(std::move(c));
-    }
-  }
-
-  // Groups the batch (design comment), then builds, runs and parses each
-  // group's commands, groups in parallel on `runner`. The first error wins.
-  Status ForGroups(const void* keys, int64_t n, const Runner& runner, bool retry,
-                   const Build& build, const Parse& parse);
-
-  template <typename T>
-  Status ApplyRuleAs(const void* keys, int64_t n, const void* initial, const RuleStep& step,
-                     const Runner& runner);
-
-  // Runs "<verb> bucket [arg]" on every bucket; *ints receives integer replies.
-  Status AllBuckets(const char* verb, const std::string& arg, std::vector<int64_t>* ints);
-
-  // Reads every row of bucket b with HSCAN, calling `take(keys, n, rows)`
-  // per reply (each key once).
-  Status ScanBucket(int b, const std::function<Status(const std::vector<std::string_view>&,
-                                                      const std::vector<const char*>&)>& take);
-
-  const TableOptions options_;
-  const RedisConfig config_;
-  const std::string embedding_name_;
-  mutable Router router_;
-  const size_t value_bytes_;
-  std::vector<std::string> buckets_;
-  bool ready_ = false;
-  mutable std::atomic<int64_t> last_size_{0};
-  std::atomic<uint64_t> inserts_{0}, updates_{0}, lookups_{0}, misses_{0}, removes_{0};
-};
+          cmds->push_back(std::move(c));
+        }
+      },
+      [&](const Group& g, std::vector<Reply>& replies) -> Status {
+        for (Reply& r : replies) {
+          DYNEMB_RETURN_IF_ERROR(ReplyStatus(r.get(), "accum into " + buckets_[g.bucket]));
+        }
+        updates_ += g.n;
+        return Status::Ok();
+      });
+}
 
 
 Status RedisTable::ForGroups(const void* keys, int64_t n, const Runner& runner, bool retry,
@@ -574,178 +340,11 @@ Status RedisTable::AllBuckets(const char* verb, const std::string& arg, std::vec
   return Status::Ok();
 }
 
-Status RedisTable::ScanBucket(
-    int b, const std::function<Status(const std::vector<std::string_view>&,
-                                      const std::vector<const char*>&)>& take) {
-  NodePool* pool = router_.PoolFor(buckets_[b]);
-  const size_t key_bytes = options_.key_type == KeyType::kInt32 ? 4 : 8;
-  std::unordered_set<std::string> seen;  // HSCAN may return a field twice
-  std::string cursor = "0";
-  const std::string count = std::to_string(config_.keys_sending_size);
-  do {
-    Command c;
-    c.Add("HSCAN"), c.Add(buckets_[b]), c.Add(cursor), c.Add("COUNT"), c.Add(count);
-    std::vector<Reply> replies;
-    DYNEMB_RETURN_IF_ERROR(pool->Run({c}, &replies, true));
-    const redisReply* r = replies[0].get();
-    DYNEMB_RETURN_IF_ERROR(ReplyStatus(r, "HSCAN " + buckets_[b]));
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-      return Status(StatusCode::kInternal, "HSCAN " + buckets_[b] + ": unexpected reply");
-    }
-    cursor.assign(r->element[0]->str, r->element[0]->len);
-    const redisReply* items = r->element[1];
-    std::vector<std::string_view> keys;
-    std::vector<const char*> rows;
-    for (size_t j = 0; j + 1 < items->elements; j += 2) {
-      const redisReply* k = items->element[j];
-      const redisReply* v = items->element[j + 1];
-      if (options_.key_type != KeyType::kString && k->len != key_bytes) {
-        return InvalidArgument("Redis bucket " + buckets_[b] + " holds a key of " +
-                               std::to_string(k->len) + " bytes, but this table's keys are " +
-                               KeyTypeName(options_.key_type) + " (" + std::to_string(key_bytes) +
-                               " bytes): a table of that name with another key dtype wrote it");
-      }
-      DYNEMB_RETURN_IF_ERROR(CheckWidth(v, b));
-      if (!seen.emplace(k->str, k->len).second) continue;
-      keys.emplace_back(k->str, k->len);
-      rows.push_back(v->str);
-    }
-    DYNEMB_RETURN_IF_ERROR(take(keys, rows));
-  } while (cursor != "0");
-  return Status::Ok();
-}
-
-Status RedisTable::Export(ExportSink* sink, const Runner& runner) {
-  (void)runner;
-  // Not a snapshot: rows written while the buckets are scanned may or may not
-  // be included (Redis has no consistent multi-key read without blocking it).
-  std::vector<std::string> keys;
-  std::string rows;
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    DYNEMB_RETURN_IF_ERROR(ScanBucket(b, [&](const std::vector<std::string_view>& k,
-                                             const std::vector<const char*>& r) {
-      for (size_t j = 0; j < k.size(); ++j) {
-        keys.emplace_back(k[j]);
-        rows.append(r[j], value_bytes_);
-      }
-      return Status::Ok();
-    }));
-  }
-  const int64_t n = static_cast<int64_t>(keys.size());
-  void* out_keys = nullptr;
-  void* out_values = nullptr;
-  uint64_t* out_scores = nullptr;
-  DYNEMB_RETURN_IF_ERROR(sink->Allocate(n, &out_keys, &out_values, &out_scores));
-  for (int64_t i = 0; i < n; ++i) {
-    if (options_.key_type == KeyType::kString) {
-      sink->SetStringKey(i, keys[i]);
-    } else if (out_keys != nullptr) {
-      std::memcpy(static_cast<char*>(out_keys) + i * keys[i].size(), keys[i].data(), keys[i].size());
-    }
-  }
-  if (out_values != nullptr && n > 0) std::memcpy(out_values, rows.data(), rows.size());
-  if (out_scores != nullptr) std::fill(out_scores, out_scores + n, 0);
-  return Status::Ok();
-}
-
-Status RedisTable::ExportChunks(int64_t chunk_rows, const ChunkSink& sink) {
-  if (chunk_rows < 1) return InvalidArgument("ExportChunks: chunk_rows must be >= 1");
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    DYNEMB_RETURN_IF_ERROR(ScanBucket(b, [&](const std::vector<std::string_view>& k,
-                                             const std::vector<const char*>& r) {
-      for (size_t begin = 0; begin < k.size(); begin += chunk_rows) {
-        const size_t end = std::min(k.size(), begin + static_cast<size_t>(chunk_rows));
-        const size_t m = end - begin;
-        std::string rows;
-        rows.reserve(m * value_bytes_);
-        for (size_t j = begin; j < end; ++j) rows.append(r[j], value_bytes_);
-        std::vector<uint64_t> scores(m, 0);
-        std::vector<std::string_view> strings;
-        std::vector<int64_t> ints64;
-        std::vector<int32_t> ints32;
-        const void* keys;
-        if (options_.key_type == KeyType::kString) {
-          strings.assign(k.begin() + begin, k.begin() + end);
-          keys = strings.data();
-        } else if (options_.key_type == KeyType::kInt64) {
-          ints64.resize(m);
-          for (size_t j = 0; j < m; ++j) std::memcpy(&ints64[j], k[begin + j].data(), 8);
-          keys = ints64.data();
-        } else {
-          ints32.resize(m);
-          for (size_t j = 0; j < m; ++j) std::memcpy(&ints32[j], k[begin + j].data(), 4);
-          keys = ints32.data();
-        }
-        DYNEMB_RETURN_IF_ERROR(sink(keys, static_cast<int64_t>(m), rows.data(), scores.data()));
-      }
-      return Status::Ok();
-    }));
-  }
-  return Status::Ok();
-}
-
-// The rows of a table read into memory: keys in the batch representation.
-class RedisSnapshot final : public TableSnapshot {
- public:
-  RedisSnapshot(KeyType key_type, size_t value_bytes) : key_type_(key_type), value_bytes_(value_bytes) {}
-  void Add(std::string_view key, const char* row) {
-    keys_.emplace_back(key);
-    rows_.append(row, value_bytes_);
-  }
-  int64_t size() const override { return static_cast<int64_t>(keys_.size()); }
-  Status Read(int64_t begin, int64_t end, int64_t chunk_rows, const ChunkSink& sink) const override {
-    if (begin < 0 || end > size() || begin > end || chunk_rows < 1) {
-      return InvalidArgument("TableSnapshot::Read: bad range or chunk_rows");
-    }
-    for (int64_t b = begin; b < end; b += chunk_rows) {
-      const int64_t m = std::min(end, b + chunk_rows) - b;
-      std::vector<uint64_t> scores(m, 0);
-      std::vector<std::string_view> strings;
-      std::vector<int64_t> ints64;
-      std::vector<int32_t> ints32;
-      const void* keys;
-      if (key_type_ == KeyType::kString) {
-        for (int64_t j = 0; j < m; ++j) strings.emplace_back(keys_[b + j]);
-        keys = strings.data();
-      } else if (key_type_ == KeyType::kInt64) {
-        ints64.resize(m);
-        for (int64_t j = 0; j < m; ++j) std::memcpy(&ints64[j], keys_[b + j].data(), 8);
-        keys = ints64.data();
-      } else {
-        ints32.resize(m);
-        for (int64_t j = 0; j < m; ++j) std::memcpy(&ints32[j], keys_[b + j].data(), 4);
-        keys = ints32.data();
-      }
-      DYNEMB_RETURN_IF_ERROR(sink(keys, m, rows_.data() + b * value_bytes_, scores.data()));
-    }
-    return Status::Ok();
-  }
-
- private:
-  const KeyType key_type_;
-  const size_t value_bytes_;
-  std::vector<std::string> keys_;
-  std::string rows_;
-};
-
-Status RedisTable::Snapshot(std::unique_ptr<TableSnapshot>* snapshot) {
-  auto snap = std::make_unique<RedisSnapshot>(options_.key_type, value_bytes_);
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    DYNEMB_RETURN_IF_ERROR(ScanBucket(b, [&](const std::vector<std::string_view>& k,
-                                             const std::vector<const char*>& r) {
-      for (size_t j = 0; j < k.size(); ++j) snap->Add(k[j], r[j]);
-      return Status::Ok();
-    }));
-  }
-  *snapshot = std::move(snap);
-  return Status::Ok();
-}
-
-}  // namespace
+}  // namespace internal
 
 std::unique_ptr<Table> NewRedisTable(const TableOptions& options, const RedisConfig& config,
                                      const std::string& embedding_name, Status* status) {
-  auto table = std::make_unique<RedisTable>(options, config, embedding_name);
+  auto table = std::make_unique<internal::RedisTable>(options, config, embedding_name);
   *status = table->Init();
   if (!status->ok()) return nullptr;
   return table;
