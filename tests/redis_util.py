@@ -108,22 +108,31 @@ class Resp:
 
 
 class RedisServer:
-    """One `redis-server` process (no persistence) in `directory`."""
+    """One `redis-server` process (no persistence) in `directory`; with `sentinel_of`
+    (a RedisServer), a sentinel monitoring that server as master `master_name`."""
 
-    def __init__(self, directory: str, port: Optional[int] = None, args: List[str] = ()):
+    def __init__(self, directory: str, port: Optional[int] = None, args: List[str] = (),
+                 sentinel_of: Optional["RedisServer"] = None, master_name: str = "mymaster"):
         self.directory = directory
         self.port = port or free_port()
         self.args = list(args)
+        self.sentinel_of = sentinel_of
+        self.master_name = master_name
         self.process: Optional[subprocess.Popen] = None
         self.start()
 
     def start(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.directory, *self.args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        if self.sentinel_of is not None:
+            conf = os.path.join(self.directory, f"sentinel_{self.port}.conf")
+            with open(conf, "w") as f:
+                f.write(f"port {self.port}\nbind 127.0.0.1\nsentinel monitor {self.master_name} "
+                        f"127.0.0.1 {self.sentinel_of.port} 1\n")
+            argv = ["redis-server", conf, "--sentinel"]
+        else:
+            argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", self.directory, *self.args]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port)
 
     def kill(self) -> None:

@@ -1,6 +1,7 @@
 """de.RedisTable on a 3-master Redis cluster (tests/redis_util.py): every op, keys spread
 over storage_slice buckets as TFRA spreads them (one bucket per master by default),
-and routing that follows a slot moved to another node."""
+and routing that follows a slot moved to another node. Also sentinel mode: the table
+asks a sentinel for the master's address."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import tensorflow as tf
 
 import tensorflow_dynemb as de
 from _tables_util import DictModel, assert_table_matches, make_keys, make_values, rng_for
-from redis_util import Resp, redis_cluster, redis_config, write_config  # noqa: F401 (fixture)
+from redis_util import (  # noqa: F401 (fixture)
+    RedisServer, redis_cluster, redis_config, require_redis, write_config)
 
 
 def cluster_config(tmp_path, nodes, **fields):
@@ -122,3 +124,22 @@ def test_routing_follows_a_moved_slot(tmp_path, redis_cluster):
     np.testing.assert_array_equal(table.lookup([1, 2, 3]).numpy(), [[1.0], [2.0], [0.0]])
     table.insert([3], [[3.0]])
     assert int(table.size()) == 3
+
+
+def test_sentinel_mode_finds_the_master(tmp_path):
+    require_redis()
+    master = RedisServer(str(tmp_path / "master"))
+    sentinel = RedisServer(str(tmp_path / "sentinel"), sentinel_of=master)
+    try:
+        path = write_config(tmp_path, sentinel.port, redis_connection_mode=1,
+                            redis_master_name="mymaster", model_tag_runtime="sent")
+        table = de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(path))
+        table.insert([1, 2], [[1.0], [2.0]])
+        assert master.client().call("HLEN", "sent:s{3560}") == 2
+        wrong = write_config(tmp_path, sentinel.port, redis_connection_mode=1,
+                             redis_master_name="nosuch")
+        with pytest.raises(tf.errors.UnavailableError, match="no master named 'nosuch'"):
+            de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(wrong))
+    finally:
+        sentinel.kill()
+        master.kill()

@@ -79,7 +79,9 @@ Status Router::AskSentinel(Endpoint* master) {
     }
     last = Status(StatusCode::kUnavailable,
                   "the sentinel at " + seed.ToString() + " knows no master named '" +
-                      config_.redis_master_name + "' (redis_master_name): " + Str(r));
+                      config_.redis_master_name + "' (redis_master_name): " + Str(r) +
+                      " (redis_connection_mode 1, sentinel, is also the default when the config "
+                      "omits it, as in TFRA: set 2 for a standalone server)");
   }
   return Status(StatusCode::kUnavailable,
                 "no sentinel in redis_host_ip/redis_host_port named the master: " + last.message());
