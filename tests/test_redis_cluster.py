@@ -140,6 +140,12 @@ def test_sentinel_mode_finds_the_master(tmp_path):
                              redis_master_name="nosuch")
         with pytest.raises(tf.errors.UnavailableError, match="no master named 'nosuch'"):
             de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(wrong))
+        # As in TFRA, sentinel mode (also the default) given a Redis server uses it.
+        direct = write_config(tmp_path, master.port, redis_connection_mode=1,
+                              model_tag_runtime="direct")
+        de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(direct)).insert(
+            [1], [[1.0]])
+        assert master.client().call("HLEN", "direct:s{3560}") == 1
     finally:
         sentinel.kill()
         master.kill()

@@ -55,7 +55,8 @@ NodePool* Router::PoolAt(const Endpoint& endpoint) {
   return pool.get();
 }
 
-Status Router::AskSentinel(Endpoint* master) {
+Status Router::AskSentinel(Endpoint* master, bool* not_a_sentinel) {
+  *not_a_sentinel = false;
   ConnectOptions sentinel;
   sentinel.user = config_.redis_sentinel_user;
   sentinel.password = config_.redis_sentinel_password;
@@ -77,11 +78,12 @@ Status Router::AskSentinel(Endpoint* master) {
       master->port = std::atoi(Str(r->element[1]).c_str());
       return Status::Ok();
     }
+    if (r->type == REDIS_REPLY_ERROR && Str(r).rfind("ERR unknown command", 0) == 0) {
+      *not_a_sentinel = true;  // a Redis server, not a sentinel
+    }
     last = Status(StatusCode::kUnavailable,
                   "the sentinel at " + seed.ToString() + " knows no master named '" +
-                      config_.redis_master_name + "' (redis_master_name): " + Str(r) +
-                      " (redis_connection_mode 1, sentinel, is also the default when the config "
-                      "omits it, as in TFRA: set 2 for a standalone server)");
+                      config_.redis_master_name + "' (redis_master_name): " + Str(r));
   }
   return Status(StatusCode::kUnavailable,
                 "no sentinel in redis_host_ip/redis_host_port named the master: " + last.message());
@@ -89,21 +91,30 @@ Status Router::AskSentinel(Endpoint* master) {
 
 Status Router::Init() {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  std::vector<Reply> replies;
+  Command ping;
+  ping.Add("PING");
   if (config_.mode() == ConnectionMode::kSentinel) {
     Endpoint master;
-    DYNEMB_RETURN_IF_ERROR(AskSentinel(&master));
-    single_ = PoolAt(master);
-    std::vector<Reply> replies;
-    Command ping;
-    ping.Add("PING");
-    return single_->Run({ping}, &replies, true);
+    bool not_a_sentinel = false;
+    const Status asked = AskSentinel(&master, &not_a_sentinel);
+    if (asked.ok()) {
+      single_ = PoolAt(master);
+      return single_->Run({ping}, &replies, true);
+    }
+    // As TFRA: when the host is a Redis server rather than a sentinel, it is
+    // used as the server itself (TFRA's configs often omit
+    // redis_connection_mode, whose default is sentinel, and name a standalone
+    // server).
+    if (!not_a_sentinel) return asked;
+    single_ = PoolAt(Seeds(config_)[0]);
+    const Status direct = single_->Run({ping}, &replies, true);
+    if (direct.ok()) return direct;
+    return Status(asked.code(), asked.message() + "; connecting to it as a Redis server failed too: " +
+                                    direct.message());
   }
   if (!cluster_) {
-    const std::vector<Endpoint> seeds = Seeds(config_);
-    single_ = PoolAt(seeds[0]);
-    std::vector<Reply> replies;
-    Command ping;
-    ping.Add("PING");
+    single_ = PoolAt(Seeds(config_)[0]);
     return single_->Run({ping}, &replies, true);
   }
   Status last;

@@ -36,7 +36,8 @@ class Router {
  private:
   NodePool* PoolAt(const Endpoint& endpoint);  // under mu_ (exclusive)
   Status ReadSlots(NodePool* seed);            // under mu_ (exclusive)
-  Status AskSentinel(Endpoint* master);
+  // *not_a_sentinel: a host answered, but as a Redis server, not a sentinel.
+  Status AskSentinel(Endpoint* master, bool* not_a_sentinel);
 
   const RedisConfig config_;
   const ConnectOptions options_;
