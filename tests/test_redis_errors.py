@@ -65,6 +65,8 @@ def test_malformed_json_names_line_and_column(tmp_path):
     ("storage_slice", 0, ">= 1"),
     ("redis_connection_mode", 7, "0 \\(cluster\\)"),
     ("redis_password", 5, "a string"),
+    ("redis_hash_tags_import", "[]", "an array of strings"),
+    ("redis_host_ip", "127.0.0.1", "an array of strings"),
     ("using_md5_prefix_name", "yes", "true or false"),
     ("keys_sending_size", 1.5, "an integer"),
 ])

@@ -229,10 +229,6 @@ Status ParseRedisConfig(std::string_view json, const std::string& source, RedisC
     };
     const auto as_strings = [&](std::vector<std::string>* out) {
       out->clear();
-      if (v.kind == Json::kString) {  // one host may be given bare
-        out->push_back(v.text);
-        return Status::Ok();
-      }
       if (v.kind != Json::kArray) return FieldError(source, name, v, "an array of strings");
       for (const Json& item : v.items) {
         if (item.kind != Json::kString) return FieldError(source, name, item, "an array of strings");
