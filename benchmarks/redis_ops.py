@@ -8,8 +8,9 @@ the in-memory table.
 The parent starts a redis-server (no persistence) on a free port and runs each side
 in its own child process (TFRA needs TF 2.16, so its child may use another
 interpreter: --tfra-python, default $DYNEMB_TFRA_PYTHON). Each op is timed over
---batches batches of --batch keys, --repeats times; medians are reported, with the
-ratio ours / TFRA per op (goal: >= 1.5x). TFRA's accum needs its Redis module
+--batches batches of --batch keys, --repeats times per child, in --rounds rounds that
+alternate the two sides; medians are reported, with the ratio ours / TFRA per op (goal:
+>= 1.5x). TFRA's accum needs its Redis module
 (HMACCUM), which a stock server lacks: reported as n/a.
 """
 
@@ -117,11 +118,21 @@ def child_train(args) -> None:
     print_result(results)
 
 
+def merged(runs, dims):
+    """Per dim and op, the median over the rounds' results (None where a side failed)."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    return {f"dim{d}": {op: median([r[f"dim{d}"][op] for r in runs if r[f"dim{d}"][op]])
+                        for op in OPS} for d in dims}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=65536)
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of each side")
     p.add_argument("--dims", type=int, nargs="+", default=[8, 64])
     p.add_argument("--train-batch", type=int, default=4096)
     p.add_argument("--train-steps", type=int, default=21)
@@ -157,16 +168,24 @@ def main(argv=None) -> None:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                        PYTHONPATH=os.path.join(HERE, "..") + os.pathsep + os.environ.get("PYTHONPATH", ""))
             me = os.path.abspath(__file__)
-            ours, _ = spawn_child([sys.executable, me, "--child", "ops", *common], env)
-            tfra = None
-            if args.tfra_python:
-                tfra_env = dict(env, PYTHONPATH="")
-                tfra, _ = spawn_child([args.tfra_python, me, "--child", "ops", "--tfra", *common], tfra_env)
-            train, _ = spawn_child([sys.executable, me, "--child", "train", *common], env)
+            # Rounds alternate ours and TFRA, so that a busy machine's drift hits both.
+            ours_runs, tfra_runs, train_runs = [], [], []
+            for _ in range(args.rounds):
+                result, _ = spawn_child([sys.executable, me, "--child", "ops", *common], env)
+                ours_runs.append(result)
+                if args.tfra_python:
+                    result, _ = spawn_child([args.tfra_python, me, "--child", "ops", "--tfra", *common],
+                                            dict(env, PYTHONPATH=""))
+                    tfra_runs.append(result)
+                result, _ = spawn_child([sys.executable, me, "--child", "train", *common], env)
+                train_runs.append(result)
+            ours, tfra = merged(ours_runs, args.dims), merged(tfra_runs, args.dims)
+            train = {k: median([r[k] for r in train_runs if r]) for k in ("redis", "memory")} \
+                if any(train_runs) else None
         finally:
             server.kill()
-    print(f"redis_ops: batch {args.batch}, {args.batches} batches x {args.repeats} repeats, "
-          f"load average {load_start}")
+    print(f"redis_ops: batch {args.batch}, {args.batches} batches x {args.repeats} repeats x "
+          f"{args.rounds} rounds, load average {load_start} -> {loadavg()}")
     for dim in args.dims:
         for op in OPS:
             o = (ours or {}).get(f"dim{dim}", {}).get(op)
@@ -181,7 +200,8 @@ def main(argv=None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"ours": ours, "tfra": tfra, "train": train, "load_average": load_start,
-                       "args": vars(args)}, f, indent=2)
+                       "load_average_end": loadavg(), "rounds": {"ours": ours_runs, "tfra": tfra_runs,
+                       "train": train_runs}, "args": vars(args)}, f, indent=2)
 
 
 if __name__ == "__main__":
