@@ -218,9 +218,8 @@ def redis_cluster(tmp_path_factory):
             check=True, capture_output=True, timeout=60,
         )
         deadline = time.time() + 30
-        while time.time() < deadline:
-            info = nodes[0].client().call("CLUSTER", "INFO")
-            if b"cluster_state:ok" in info:
+        while time.time() < deadline:  # every node must see the whole cluster
+            if all(b"cluster_state:ok" in n.client().call("CLUSTER", "INFO") for n in nodes):
                 break
             time.sleep(0.1)
         else:

@@ -194,6 +194,11 @@ Status ReplyStatus(const redisReply* reply, const std::string& what) {
                   what + " failed: Redis is full (its maxmemory is reached and its policy evicts "
                          "nothing): " + err);
   }
+  for (const char* transient : {"CLUSTERDOWN", "LOADING", "TRYAGAIN", "MASTERDOWN", "BUSY"}) {
+    if (err.rfind(transient, 0) == 0) {
+      return Status(StatusCode::kUnavailable, what + " failed: Redis is not serving now: " + err);
+    }
+  }
   if (err.rfind("NOAUTH", 0) == 0 || err.rfind("WRONGPASS", 0) == 0) {
     return InvalidArgument(what + " failed: check redis_user / redis_password: " + err);
   }

@@ -110,7 +110,9 @@ class NodePool {
 
 // The error reply in `reply` (a REDIS_REPLY_ERROR) as a Status, or Ok. `what`
 // names the command for the message. An out-of-memory reply (maxmemory) is
-// kResourceExhausted; others kInternal.
+// kResourceExhausted; a node not serving now (CLUSTERDOWN, LOADING, TRYAGAIN,
+// MASTERDOWN, BUSY) kUnavailable; a refused AUTH kInvalidArgument; others
+// kInternal.
 Status ReplyStatus(const redisReply* reply, const std::string& what);
 
 // Whether `reply` is a cluster redirection (MOVED / ASK).
