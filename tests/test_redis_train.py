@@ -117,3 +117,10 @@ def test_killed_redis_fails_the_step_and_training_resumes_from_the_checkpoint(tm
         np.testing.assert_allclose(np.concatenate([first, second]), reference, rtol=1e-6)
     finally:
         server.kill()
+
+
+def test_a_redis_backed_variable_takes_one_shard(tmp_path, redis_server):
+    creator = de.RedisTableCreator(redis_config(write_config(tmp_path, redis_server.port)))
+    with pytest.raises(ValueError, match="takes one shard, got 2"):
+        de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=DIM, name="two_shards",
+                    devices=["/CPU:0", "/CPU:1"], kv_creator=creator)

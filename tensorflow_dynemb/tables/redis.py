@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Dict, Optional
 
 import tensorflow as tf
@@ -228,8 +229,9 @@ class RedisTable(_DynembTable):
 class RedisTableCreator:
     """Creates the shards of a `de.Variable` as `RedisTable`s (TFRA's `RedisTableCreator`).
 
-    A variable's shards share its name's buckets (as in TFRA), so give a Redis-backed
-    variable one shard (one device). Its optimizer slots are Redis tables too.
+    A variable's tables are named after it, so a Redis-backed variable takes one shard
+    (one device; more raise `ValueError`): Redis spreads the rows itself. Its optimizer
+    slots and restrict-policy status are Redis tables too.
 
     Args:
       config: a `de.RedisTableConfig`.
@@ -244,8 +246,21 @@ class RedisTableCreator:
 
     def create(self, key_dtype, value_dtype, default_value, name, init_size, device,
                shared_name) -> RedisTable:
-        """One shard table."""
+        """One shard table.
+
+        Raises:
+          ValueError: the variable has more than one shard (its shards would share its
+            buckets: every key would count, export and checkpoint once per shard).
+        """
         del init_size  # Redis sizes itself
+        match = re.search(r"_mht_\d+of(\d+)$", name)
+        if match and int(match.group(1)) > 1:
+            raise ValueError(
+                f"a Redis-backed de.Variable takes one shard, got {match.group(1)} for table "
+                f"{name!r}: its shards would share the variable's Redis buckets (TFRA's layout "
+                "names them after the variable), so give it one device. Redis spreads the "
+                "rows itself (a cluster, storage_slice)."
+            )
         return RedisTable(
             key_dtype,
             value_dtype,
