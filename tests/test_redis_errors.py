@@ -5,7 +5,6 @@ without hiredis says how to enable the table."""
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 
