@@ -144,6 +144,7 @@ Status Router::ReadSlots(NodePool* seed) {
     const int lo = static_cast<int>(range->element[0]->integer);
     const int hi = static_cast<int>(range->element[1]->integer);
     const redisReply* node = range->element[2];
+    if (node->type != REDIS_REPLY_ARRAY || node->elements < 2) continue;
     Endpoint ep{Str(node->element[0]), static_cast<int>(node->element[1]->integer)};
     if (ep.host.empty()) ep.host = seed->endpoint().host;
     NodePool* pool = PoolAt(ep);
