@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_dynemb as de
-from redis_util import redis_config, redis_server, write_config  # noqa: F401 (fixture)
+from redis_util import (  # noqa: F401 (fixtures)
+    redis_cluster, redis_config, redis_server, write_config)
 
 TFRA_PYTHON = os.environ.get("DYNEMB_TFRA_PYTHON")
 
@@ -93,3 +94,31 @@ def test_a_variable_tfra_trained_is_read_by_ours(tmp_path, redis_server):
     ours = de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4, name="shared_emb",
                        kv_creator=de.RedisTableCreator(redis_config(path)))
     np.testing.assert_array_equal(ours.lookup(np.array([1, 2, 3], np.int64)).numpy(), got["rows"])
+
+
+def test_cluster_layout_both_ways(tmp_path, redis_cluster):
+    """A 3-master cluster, storage_slice 3: TFRA's buckets (one per master, int64 keys by
+    (uint32)key % 3) are the ones we read and write."""
+    path = write_config(tmp_path, redis_cluster[0].port, redis_connection_mode=0,
+                        redis_host_ip=["127.0.0.1"] * 3,
+                        redis_host_port=[n.port for n in redis_cluster], storage_slice=3)
+    run_tfra("""
+        t = de.RedisTable(tf.int64, tf.float32, tf.zeros([2]), name="cl_tfra", config=cfg)
+        k = tf.range(0, 30, dtype=tf.int64)
+        t.insert(k, tf.stack([tf.cast(k, tf.float32)] * 2, axis=1))
+        print(json.dumps({"size": int(t.size())}))
+    """, path)
+    ours = de.RedisTable(tf.int64, tf.float32, [0.0, 0.0], name="cl_tfra", config=redis_config(path))
+    keys = np.arange(30, dtype=np.int64)
+    np.testing.assert_array_equal(ours.lookup(keys).numpy(), np.stack([keys, keys], 1))
+    assert int(ours.size()) == 30
+
+    mine = de.RedisTable(tf.int64, tf.float32, [0.0, 0.0], name="cl_ours", config=redis_config(path))
+    mine.insert(keys + 100, np.stack([keys, -keys], 1).astype(np.float32))
+    got = run_tfra("""
+        t = de.RedisTable(tf.int64, tf.float32, tf.zeros([2]), name="cl_ours", config=cfg)
+        print(json.dumps({"rows": t.lookup(tf.range(100, 130, dtype=tf.int64)).numpy().tolist(),
+                          "size": int(t.size())}))
+    """, path)
+    assert got["size"] == 30
+    np.testing.assert_array_equal(got["rows"], np.stack([keys, -keys], 1))
