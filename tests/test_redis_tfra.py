@@ -122,3 +122,32 @@ def test_cluster_layout_both_ways(tmp_path, redis_cluster):
     """, path)
     assert got["size"] == 30
     np.testing.assert_array_equal(got["rows"], np.stack([keys, -keys], 1))
+
+
+def test_cluster_string_keys_land_in_tfras_buckets(tmp_path, redis_cluster):
+    """String keys of up to 22 bytes (TF stores them inline; TFRA hashes that object)
+    in a cluster with storage_slice 3: each side finds the other's rows."""
+    path = write_config(tmp_path, redis_cluster[0].port, redis_connection_mode=0,
+                        redis_host_ip=["127.0.0.1"] * 3,
+                        redis_host_port=[n.port for n in redis_cluster], storage_slice=3)
+    words = ["", "a", "bc", "user_12345", "x" * 22] + [f"id{i}" for i in range(40)]
+    run_tfra(f"""
+        words = {words!r}
+        t = de.RedisTable(tf.string, tf.float32, tf.zeros([1]), name="s_tfra", config=cfg)
+        t.insert(tf.constant(words), tf.reshape(tf.range(len(words), dtype=tf.float32), [-1, 1]))
+        print(json.dumps({{}}))
+    """, path)
+    ours = de.RedisTable(tf.string, tf.float32, [0.0], name="s_tfra", config=redis_config(path))
+    values, exists = ours.lookup(words, return_exists=True)
+    assert exists.numpy().all()
+    np.testing.assert_array_equal(values.numpy()[:, 0], np.arange(len(words)))
+
+    mine = de.RedisTable(tf.string, tf.float32, [0.0], name="s_ours", config=redis_config(path))
+    mine.insert(words, np.arange(len(words), dtype=np.float32).reshape(-1, 1) * 2)
+    got = run_tfra(f"""
+        t = de.RedisTable(tf.string, tf.float32, tf.zeros([1]), name="s_ours", config=cfg)
+        values, exists = t.lookup(tf.constant({words!r}), return_exists=True)
+        print(json.dumps({{"exists": exists.numpy().tolist(), "values": values.numpy()[:, 0].tolist()}}))
+    """, path)
+    assert all(got["exists"])
+    assert got["values"] == [2.0 * i for i in range(len(words))]

@@ -22,9 +22,12 @@
 //   (dim elements of the value type, little-endian), exactly TFRA's format.
 //   Which bucket holds a key: in cluster mode, numeric keys by
 //   (uint32)(key) % storage_slice (CRC32C of the bytes with
-//   using_hash_storage_slice) and string keys by CRC32C of their bytes;
-//   in standalone and sentinel mode TFRA writes every key to the first
-//   bucket, and so do we.
+//   using_hash_storage_slice), string keys by TFRA's CRC32C of the first
+//   size bytes of TF's tstring object: for strings of up to 22 bytes
+//   (stored inline) the byte size << 2 and the first size - 1 bytes; longer
+//   strings (whose object holds a pointer, so TFRA's bucket depends on the
+//   string's address) by CRC32C of their bytes. In standalone and sentinel
+//   mode TFRA writes every key to the first bucket, and so do we.
 //   Redis keeps no scores: rows export with score 0, and the table never
 //   evicts (Redis' own maxmemory policy may; see Errors).
 //

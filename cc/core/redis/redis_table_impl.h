@@ -188,13 +188,26 @@ class RedisTable final : public Table {
     const std::string_view k = KeyBytes(keys, i);
     c->Add(k.data(), k.size());
   }
+  // The longest string TF's tstring stores inline (TF_TString_SmallCapacity).
+  static constexpr size_t kInlineStringBytes = 22;
+
   // TFRA's bucket of a key (redis_table.h, "Key layout").
   int BucketOf(const void* keys, int64_t i) const {
     if (!router_.cluster() || buckets_.size() == 1) return 0;
     const std::string_view k = KeyBytes(keys, i);
     uint32_t h;
-    if (options_.key_type == KeyType::kString || config_.using_hash_storage_slice) {
-      h = ~Crc32c(k.data(), k.size());  // TFRA's raw CRC32C from 0xffffffff
+    if (options_.key_type == KeyType::kString && k.size() <= kInlineStringBytes) {
+      // TFRA hashes the first size() bytes of TF's tstring object rather than of
+      // the string. A string of up to 22 bytes is stored inline, after one byte
+      // holding size << 2: so those bytes are that byte and the string's first
+      // size - 1 bytes. (A longer string's object holds a pointer: TFRA's bucket
+      // then depends on where the string is, and CRC32C of the bytes is used.)
+      char inline_object[kInlineStringBytes];
+      inline_object[0] = static_cast<char>(k.size() << 2);
+      if (k.size() > 1) std::memcpy(inline_object + 1, k.data(), k.size() - 1);
+      h = ~Crc32c(inline_object, k.size());  // TFRA's raw CRC32C from 0xffffffff
+    } else if (options_.key_type == KeyType::kString || config_.using_hash_storage_slice) {
+      h = ~Crc32c(k.data(), k.size());
     } else if (options_.key_type == KeyType::kInt64) {
       h = static_cast<uint32_t>(*reinterpret_cast<const int64_t*>(k.data()) & 0xffffffffll);
     } else {
