@@ -96,12 +96,15 @@ def test_a_variable_tfra_trained_is_read_by_ours(tmp_path, redis_server):
     np.testing.assert_array_equal(ours.lookup(np.array([1, 2, 3], np.int64)).numpy(), got["rows"])
 
 
-def test_cluster_layout_both_ways(tmp_path, redis_cluster):
+@pytest.mark.parametrize("hashed", [False, True], ids=["modulo", "crc32c"])
+def test_cluster_layout_both_ways(tmp_path, redis_cluster, hashed):
     """A 3-master cluster, storage_slice 3: TFRA's buckets (one per master, int64 keys by
-    (uint32)key % 3) are the ones we read and write."""
+    (uint32)key % 3, or by CRC32C with using_hash_storage_slice) are the ones we read and
+    write."""
     path = write_config(tmp_path, redis_cluster[0].port, redis_connection_mode=0,
                         redis_host_ip=["127.0.0.1"] * 3,
-                        redis_host_port=[n.port for n in redis_cluster], storage_slice=3)
+                        redis_host_port=[n.port for n in redis_cluster], storage_slice=3,
+                        using_hash_storage_slice=hashed)
     run_tfra("""
         t = de.RedisTable(tf.int64, tf.float32, tf.zeros([2]), name="cl_tfra", config=cfg)
         k = tf.range(0, 30, dtype=tf.int64)
