@@ -198,6 +198,14 @@ def redis_server(tmp_path_factory):
     server.kill()
 
 
+def _cluster_info(node: RedisServer) -> bytes:
+    client = node.client()
+    try:
+        return client.call("CLUSTER", "INFO")
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory):
     """A 3-master Redis cluster (`redis-cli --cluster create`); its nodes' servers."""
@@ -219,7 +227,7 @@ def redis_cluster(tmp_path_factory):
         )
         deadline = time.time() + 30
         while time.time() < deadline:  # every node must see the whole cluster
-            if all(b"cluster_state:ok" in n.client().call("CLUSTER", "INFO") for n in nodes):
+            if all(b"cluster_state:ok" in _cluster_info(n) for n in nodes):
                 break
             time.sleep(0.1)
         else:
