@@ -113,7 +113,7 @@ SUPPORTED_TF = ((2, 16), (2, 21))
 # Sources
 # ----------------------------------------------------------------------------
 
-_CORE_EXCLUDED_DIRS = ("cc/core/tests/", "cc/core/bench/", "cc/core/gpu/")
+_CORE_EXCLUDED_DIRS = ("cc/core/tests/", "cc/core/bench/", "cc/core/gpu/", "cc/core/redis/")
 
 
 def _glob(pattern: str) -> list[str]:
@@ -204,6 +204,46 @@ def cuda_link_args() -> list[str]:
 def gpu_kernel_sources() -> list[str]:
     """The host sources the op library adds when it has GPU kernels."""
     return _glob("cc/core/gpu/*.cc") + _glob("cc/kernels/gpu/*.cc")
+
+
+# The Redis table (issue 37; cc/core/redis, cc/kernels/redis, cc/ops/redis) is built
+# into the op library only where hiredis (header and library) is found: `apt-get
+# install libhiredis-dev`, then rebuild. DYNEMB_REDIS=0 leaves it out; DYNEMB_REDIS=1
+# makes a missing hiredis an error. Without it everything else builds, and
+# de.RedisTable raises an error saying how to enable it.
+_HIREDIS_PROBE = "#include <hiredis/hiredis.h>\nint main() { redisFree(nullptr); return 0; }\n"
+
+
+def redis_sources() -> list[str]:
+    return _glob("cc/core/redis/*.cc") + _glob("cc/kernels/redis/*.cc") + _glob("cc/ops/redis/*.cc")
+
+
+def hiredis_link_flags() -> list[str] | None:
+    """The link flags of hiredis when a test program including <hiredis/hiredis.h>
+    compiles and links with them, else None (DYNEMB_REDIS=0: always None)."""
+    flag = os.environ.get("DYNEMB_REDIS", "").strip().lower()
+    if flag in ("0", "false", "no", "off"):
+        return None
+    candidates = [["-lhiredis"]]
+    if shutil.which("pkg-config"):
+        proc = subprocess.run(["pkg-config", "--cflags", "--libs", "hiredis"], capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.split():
+            candidates.insert(0, proc.stdout.split())
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.cc")
+        with open(src, "w") as f:
+            f.write(_HIREDIS_PROBE)
+        for flags in candidates:
+            cmd = cxx + [src, "-o", os.path.join(tmp, "probe")] + flags
+            if subprocess.run(cmd, capture_output=True).returncode == 0:
+                return [f for f in flags if not f.startswith("-I")] or ["-lhiredis"]
+    if flag:
+        sys.exit("tensorflow_dynemb setup.py: DYNEMB_REDIS=1, but hiredis was not found "
+                 "(apt-get install libhiredis-dev).")
+    _warn("hiredis not found: the op library is built without de.RedisTable "
+          "(apt-get install libhiredis-dev, then rebuild to enable it).")
+    return None
 
 
 def make_extensions() -> list[Extension]:
@@ -704,6 +744,10 @@ class BuildExt(_build_ext):
         compile_flags = tf_compile_flags(info)
         ext.extra_compile_args = compile_flags + list(COMMON_CXX_FLAGS)
         ext.extra_link_args = list(info["link_flags"])
+        hiredis = hiredis_link_flags()
+        if hiredis is not None:
+            ext.sources = list(ext.sources) + redis_sources()
+            ext.extra_link_args += hiredis
         gpu_kernels = gpu_kernels_enabled(info)
         if gpu_kernels:
             print("tensorflow_dynemb: building the op library with its GPU kernels", flush=True)
@@ -729,6 +773,7 @@ class BuildExt(_build_ext):
             f"COMPILE_FLAGS = {ext.extra_compile_args!r}\n"
             f"LINK_FLAGS = {ext.extra_link_args!r}\n"
             f"GPU_KERNELS = {gpu_kernels!r}\n"
+            f"REDIS_TABLE = {hiredis is not None!r}\n"
         )
         return info, build_info
 

@@ -14,6 +14,9 @@ from tensorflow_dynemb.tables import (
     HkvEvictStrategy,
     HkvHashTable,
     HkvHashTableConfig,
+    RedisTable,
+    RedisTableConfig,
+    RedisTableCreator,
 )
 from tensorflow_dynemb.variable import (
     CuckooHashTableCreator,
@@ -81,6 +84,9 @@ __all__ = [
     "HkvEvictStrategy",
     "HkvHashTable",
     "HkvHashTableConfig",
+    "RedisTable",
+    "RedisTableConfig",
+    "RedisTableCreator",
     "embedding_lookup",
     "embedding_lookup_sparse",
     "embedding_lookup_unique",

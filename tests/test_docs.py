@@ -9,6 +9,14 @@ right before it, naming the reason and where it is tested instead:
 
     <!-- not-run: needs a cluster; covered by tests/test_distributed.py -->
 
+A block that needs a Redis server (docs/tables.md, "Redis") is marked
+
+    <!-- needs-redis -->
+
+and runs where redis-server and the op library's Redis table are available: the test
+starts a server on a free port and writes `redis_config.json` for it into the block's
+directory. Elsewhere the block is left out.
+
 A document added to docs/ is picked up without changing this file.
 """
 
@@ -31,6 +39,7 @@ DOCS = ["README.md"] + sorted(
 )
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 NOT_RUN = re.compile(r"^\s*<!--\s*not-run\s*:?(.*?)-->\s*$")
+NEEDS_REDIS = re.compile(r"^\s*<!--\s*needs-redis\s*-->\s*$")
 # Seconds one document's blocks may take together.
 TIMEOUT_S = 300
 
@@ -53,6 +62,7 @@ class Block(NamedTuple):
     line: int  # the first line of code (1-based), after the opening fence
     code: str
     not_run: Optional[str]  # the reason of a not-run mark, "" for a mark without one
+    needs_redis: bool = False  # marked <!-- needs-redis -->
 
 
 def python_blocks(path: str) -> List[Block]:
@@ -75,7 +85,8 @@ def python_blocks(path: str) -> List[Block]:
             previous = lines[i - 1] if i > 0 else ""
             mark = NOT_RUN.match(previous)
             code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
-            blocks.append(Block(i + 2, code + "\n", mark.group(1).strip() if mark else None))
+            blocks.append(Block(i + 2, code + "\n", mark.group(1).strip() if mark else None,
+                                bool(NEEDS_REDIS.match(previous))))
         i = end + 1
     return blocks
 
@@ -107,6 +118,36 @@ def test_the_parser_sees_blocks_and_marks(tmp_path):
     b.not_run is None for b in python_blocks(os.path.join(ROOT, d)))])
 def test_python_blocks_run(document, tmp_path):
     blocks = [b for b in python_blocks(os.path.join(ROOT, document)) if b.not_run is None]
+    server = None
+    if any(b.needs_redis for b in blocks):
+        server = _redis_for_docs(tmp_path)
+        if server is None:
+            blocks = [b for b in blocks if not b.needs_redis]
+    try:
+        _run_blocks(document, blocks, tmp_path)
+    finally:
+        if server is not None:
+            server.kill()
+
+
+def _redis_for_docs(directory):
+    """A redis-server for the needs-redis blocks and their `redis_config.json`, or None
+    where Redis cannot run here."""
+    import shutil
+
+    from tensorflow_dynemb.tables.redis import redis_available
+    from redis_util import RedisServer
+
+    if not redis_available() or shutil.which("redis-server") is None:
+        return None
+    server = RedisServer(str(directory / "redis-data"))
+    with open(directory / "redis_config.json", "w") as f:
+        json.dump({"redis_connection_mode": 2, "redis_host_ip": ["127.0.0.1"],
+                   "redis_host_port": [server.port], "model_tag_runtime": "docs"}, f)
+    return server
+
+
+def _run_blocks(document, blocks, tmp_path):
     request = [(document, block.line, block.code) for block in blocks]
     # The examples' temporary files go to a folder of their own, which they must leave empty.
     temp = tmp_path / "TMPDIR"

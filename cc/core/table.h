@@ -210,6 +210,7 @@ enum class StatusCode : int {
   kFailedPrecondition = 9,
   kDataLoss = 15,
   kInternal = 13,
+  kUnavailable = 14,  // a remote store (redis/) cannot be reached
 };
 
 class Status {
@@ -545,6 +546,18 @@ class Table {
 
   // Removes every key and releases the memory.
   virtual void Clear() = 0;
+
+  // Size() and Clear() for callers that can report an error: a table kept
+  // in a remote store (redis/redis_table.h) may fail to answer, where an
+  // in-memory table cannot (these defaults).
+  virtual Status CheckedSize(int64_t* size) const {
+    *size = Size();
+    return Status::Ok();
+  }
+  virtual Status CheckedClear() {
+    Clear();
+    return Status::Ok();
+  }
 
   // A consistent snapshot of every entry, in unspecified order (bounded
   // tables: oldest write first, so an import restores how ties break). The

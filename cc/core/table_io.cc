@@ -772,7 +772,7 @@ Status LoadTable(const std::vector<ByteSource*>& sources, Table& table,
     // inserting).
     DYNEMB_RETURN_IF_ERROR(CheckTableFiles(sources, table.options(), options, nullptr));
   }
-  if (options.clear_first) table.Clear();
+  if (options.clear_first) DYNEMB_RETURN_IF_ERROR(table.CheckedClear());
   if (loaded != nullptr) loaded->assign(sources.size(), LoadedFile{});
   for (size_t i = 0; i < sources.size(); ++i) {
     DYNEMB_RETURN_IF_ERROR(ReadOne(sources, i, table.options(), options, &table, runner, loaded));

@@ -316,7 +316,7 @@ void ImportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
   const uint64_t* scores;
   OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
   KeyBatch batch(ctx->input(1));
-  resource->table().Clear();
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().CheckedClear()));
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
                                                           ctx->input(2).data(), scores, runner)));
 }
@@ -390,8 +390,8 @@ void RemoveOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Remove(batch.data(), batch.size(), runner)));
 }
 
-void ClearOp::ComputeWithTable(OpKernelContext*, TableResource* resource, const Runner&) {
-  resource->table().Clear();
+void ClearOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().CheckedClear()));
 }
 
 // The scalar outputs of Size and Stats are in host memory on every device
@@ -399,12 +399,15 @@ void ClearOp::ComputeWithTable(OpKernelContext*, TableResource* resource, const 
 void SizeOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
   Tensor* size;
   OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &size));
-  size->scalar<int64_t>()() = resource->table().Size();
+  int64_t n = 0;
+  OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().CheckedSize(&n)));
+  size->scalar<int64_t>()() = n;
 }
 
 void StatsOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource, const Runner&) {
   const Table& table = resource->table();
-  const int64_t size = table.Size();
+  int64_t size = 0;
+  OP_REQUIRES_OK(ctx, ToTfStatus(table.CheckedSize(&size)));
   const int64_t capacity = table.Capacity();
   const TableCounters counters = table.Counters();
   const auto set = [ctx](int index, auto value) {

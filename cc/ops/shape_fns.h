@@ -18,6 +18,11 @@ inline absl::Status Scalars(tensorflow::shape_inference::InferenceContext* c, in
   return absl::OkStatus();
 }
 
+// The shape function of the ops that create a table (DynembHashTable,
+// DynembRedisTable): a scalar handle carrying the key and value dtypes and
+// the value shape (attrs key_dtype, value_dtype, value_shape).
+absl::Status TableHandleShape(tensorflow::shape_inference::InferenceContext* c);
+
 }  // namespace dynemb
 
 #endif  // DYNEMB_OPS_SHAPE_FNS_H_

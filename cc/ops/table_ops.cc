@@ -6,6 +6,7 @@
 // shape functions below can check value tensors at graph-construction time.
 
 #include "tensorflow/core/framework/common_shape_fns.h"
+#include "cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -183,6 +184,8 @@ absl::Status StatsShape(InferenceContext* c) {
 }
 
 }  // namespace
+
+absl::Status TableHandleShape(InferenceContext* c) { return CreateTableShape(c); }
 
 REGISTER_OP("DynembHashTable")
     .Output("table_handle: resource")

@@ -3,11 +3,13 @@
 - base.py: `_DynembTable`, the shared implementation (one generated op per method);
 - content.py: export/import, files and checkpoint hooks of a table;
 - hash_table.py: `HashTable` (alias `CuckooHashTable`);
-- hkv.py: `HkvHashTable`, `HkvHashTableConfig`, `HkvEvictStrategy`.
+- hkv.py: `HkvHashTable`, `HkvHashTableConfig`, `HkvEvictStrategy`;
+- redis.py: `RedisTable`, `RedisTableConfig`, `RedisTableCreator` (rows kept in Redis).
 """
 
 from tensorflow_dynemb.tables.hash_table import CuckooHashTable, HashTable
 from tensorflow_dynemb.tables.hkv import HkvEvictStrategy, HkvHashTable, HkvHashTableConfig
+from tensorflow_dynemb.tables.redis import RedisTable, RedisTableConfig, RedisTableCreator
 
 __all__ = [
     "HashTable",
@@ -15,4 +17,7 @@ __all__ = [
     "HkvHashTable",
     "HkvHashTableConfig",
     "HkvEvictStrategy",
+    "RedisTable",
+    "RedisTableConfig",
+    "RedisTableCreator",
 ]

@@ -1,0 +1,154 @@
+"""de.RedisTable on a 3-master Redis cluster (tests/redis_util.py): every op, keys spread
+over storage_slice buckets as TFRA spreads them (one bucket per master by default),
+and routing that follows a slot moved to another node. Also sentinel mode: the table
+asks a sentinel for the master's address."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tensorflow_dynemb as de
+from _tables_util import DictModel, assert_table_matches, make_keys, make_values, rng_for
+from redis_util import (  # noqa: F401 (fixture)
+    RedisServer, redis_cluster, redis_config, require_redis, write_config)
+
+
+def cluster_config(tmp_path, nodes, **fields):
+    return write_config(tmp_path, nodes[0].port, redis_connection_mode=0,
+                        redis_host_ip=["127.0.0.1"] * len(nodes),
+                        redis_host_port=[n.port for n in nodes], **fields)
+
+
+def bucket_owner(nodes, bucket: bytes):
+    """The node whose HLEN of `bucket` answers (the others redirect)."""
+    owners = []
+    for n in nodes:
+        client = n.client()
+        try:
+            client.call("HLEN", bucket)
+            owners.append(n.port)
+        except RuntimeError:  # MOVED
+            pass
+        finally:
+            client.close()
+    return owners
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string], ids=lambda d: d.name)
+def test_every_op_on_a_cluster(tmp_path, redis_cluster, key_dtype):
+    path = cluster_config(tmp_path, redis_cluster, storage_slice=3)
+    table = de.RedisTable(key_dtype, tf.float32, [0.0, 0.0], name="cemb", config=redis_config(path))
+    model = DictModel(tf.float32, [2], np.zeros(2, np.float32))
+    rng = rng_for("redis-cluster", key_dtype.name)
+    keys = make_keys(rng, key_dtype, 3000)
+    values = make_values(rng, tf.float32, (3000, 2))
+    table.insert(keys, values)
+    model.insert(keys, values)
+    assert_table_matches(table, model)
+    flags = rng.integers(0, 2, 3000).astype(bool)
+    table.accum(keys, values, flags)
+    model.accum(keys, values, flags)
+    table.remove(keys[::4])
+    model.remove(keys[::4])
+    assert_table_matches(table, model)
+    got, exists = table.lookup(keys, return_exists=True)
+    want, want_exists = model.lookup(keys)
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(exists.numpy(), want_exists)
+    table.clear()
+    assert int(table.size()) == 0
+
+
+def test_buckets_spread_over_the_masters_in_tfra_layout(tmp_path, redis_cluster):
+    path = cluster_config(tmp_path, redis_cluster, storage_slice=3, model_tag_runtime="cl")
+    table = de.RedisTable(tf.int64, tf.float32, [0.0], name="spread", config=redis_config(path))
+    keys = np.arange(30, dtype=np.int64)
+    table.insert(keys, keys.reshape(-1, 1).astype(np.float32))
+    names = set()
+    for n in redis_cluster:
+        client = n.client()
+        names |= set(client.call("KEYS", "cl:spread*"))
+        client.close()
+    assert len(names) == 3
+    owners = {port for name in names for port in bucket_owner(redis_cluster, name)}
+    assert owners == {n.port for n in redis_cluster}  # one bucket per master
+    # TFRA's bucket of an int64 key: (uint32)key % storage_slice, buckets in the order
+    # of the masters' first slots.
+    for b, bucket in enumerate(sorted(names, key=lambda b: _first_slot(redis_cluster, b))):
+        for n in redis_cluster:
+            client = n.client()
+            try:
+                fields = client.call("HKEYS", bucket)
+            except RuntimeError:
+                continue
+            finally:
+                client.close()
+            assert sorted(struct.unpack("<q", f)[0] for f in fields) == list(range(b, 30, 3))
+
+
+def _first_slot(nodes, bucket: bytes) -> int:
+    client = nodes[0].client()
+    slot = client.call("CLUSTER", "KEYSLOT", bucket)
+    client.close()
+    return slot
+
+
+def test_routing_follows_a_moved_slot(tmp_path, redis_cluster):
+    path = cluster_config(tmp_path, redis_cluster, storage_slice=1, model_tag_runtime="mv")
+    table = de.RedisTable(tf.int64, tf.float32, [0.0], name="moving", config=redis_config(path))
+    table.insert([1, 2], [[1.0], [2.0]])
+    # Find the bucket, its slot and owner, and migrate the slot to another master.
+    bucket = next(iter(k for n in redis_cluster for k in n.client().call("KEYS", "mv:moving*")))
+    slot = _first_slot(redis_cluster, bucket)
+    ids = {}
+    for n in redis_cluster:
+        c = n.client()
+        ids[n.port] = c.call("CLUSTER", "MYID").decode()
+        c.close()
+    (source,) = [n for n in redis_cluster if bucket_owner(redis_cluster, bucket) == [n.port]]
+    target = next(n for n in redis_cluster if n is not source)
+    src, dst = source.client(), target.client()
+    dst.call("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
+    src.call("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
+    # Every key of the slot moves (other tests' buckets may share slot 0).
+    keys = src.call("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    assert bucket in keys
+    assert src.call("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys) == b"OK"
+    for n in [target, source] + [n for n in redis_cluster if n not in (source, target)]:
+        c = n.client()
+        c.call("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+        c.close()
+    src.close(), dst.close()
+    # The table's map still names the source: it gets MOVED, re-reads the map, retries.
+    np.testing.assert_array_equal(table.lookup([1, 2, 3]).numpy(), [[1.0], [2.0], [0.0]])
+    table.insert([3], [[3.0]])
+    assert int(table.size()) == 3
+
+
+def test_sentinel_mode_finds_the_master(tmp_path):
+    require_redis()
+    master = RedisServer(str(tmp_path / "master"))
+    sentinel = RedisServer(str(tmp_path / "sentinel"), sentinel_of=master)
+    try:
+        path = write_config(tmp_path, sentinel.port, redis_connection_mode=1,
+                            redis_master_name="mymaster", model_tag_runtime="sent")
+        table = de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(path))
+        table.insert([1, 2], [[1.0], [2.0]])
+        assert master.client().call("HLEN", "sent:s{3560}") == 2
+        wrong = write_config(tmp_path, sentinel.port, redis_connection_mode=1,
+                             redis_master_name="nosuch")
+        with pytest.raises(tf.errors.UnavailableError, match="no master named 'nosuch'"):
+            de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(wrong))
+        # As in TFRA, sentinel mode (also the default) given a Redis server uses it.
+        direct = write_config(tmp_path, master.port, redis_connection_mode=1,
+                              model_tag_runtime="direct")
+        de.RedisTable(tf.int64, tf.float32, [0.0], name="s", config=redis_config(direct)).insert(
+            [1], [[1.0]])
+        assert master.client().call("HLEN", "direct:s{3560}") == 1
+    finally:
+        sentinel.kill()
+        master.kill()
