@@ -145,11 +145,11 @@ def pytest_sessionfinish(session):
     if _TMP_KEY not in config.stash:
         return result
     system_tmp, before, basetemp, run_tmp = config.stash[_TMP_KEY]
-    left = sorted(_entries(run_tmp))
-    if not config.pluginmanager.hasplugin("dsession"):
-        # The tests ran in this process, which has not ended: what TensorFlow removes
-        # when it does (atexit) is not left behind.
-        left = [name for name in left if not name.startswith(_REMOVED_AT_EXIT)]
+    # What TensorFlow and multiprocessing remove at exit (atexit) is not counted: the
+    # tests' own process has not ended yet (without xdist), and the processes a test
+    # kills (cluster tasks, SIGKILL) never run their atexit handlers. The folder is
+    # removed below, so none of it stays behind either way.
+    left = [name for name in sorted(_entries(run_tmp)) if not name.startswith(_REMOVED_AT_EXIT)]
     shutil.rmtree(run_tmp, ignore_errors=True)
     own = {os.path.relpath(basetemp, system_tmp).split(os.sep)[0]}  # pytest-of-<user>
     appeared = sorted(_entries(system_tmp) - before - own)

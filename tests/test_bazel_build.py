@@ -123,4 +123,5 @@ def test_bazel_op_library_has_the_ops_of_setup_py_build(loaded):
     # Both builds compile the same sources: the same ops, none missing from a glob.
     setup_py_ops = _fresh_python(_OP_NAMES)
     assert len(loaded["op_names"]) > 20
-    assert loaded["op_names"] == setup_py_ops
+    # The Redis table is setup.py's only (it needs hiredis, which BUILD does not fetch).
+    assert loaded["op_names"] == [op for op in setup_py_ops if op != "DynembRedisTable"]

@@ -265,9 +265,11 @@ class Embedding(ListedViews, ViewWeights, CallerTracking, Layer):
         call may be trained (see the module docstring)."""
         ids = _checked_ids(ids, self.params.key_dtype)
         if tf.inside_function():
-            if in_stateless_build() and called_by_a_function():
+            if in_stateless_build() and called_by_a_function() and not tf.distribute.has_strategy():
                 # A decorated `call` first traced by Keras 3's symbolic build: that
-                # trace is reused for training (see `leave_symbolic_build`).
+                # trace is reused for training (see `leave_symbolic_build`). Not under
+                # a strategy: there the build traces in the cross-replica context and
+                # training in each replica's, so nothing is reused.
                 leave_symbolic_build()
             self._step.latest_trace_symbolic = in_stateless_build()
         if tf.inside_function() and self.trainable:
