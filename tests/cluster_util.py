@@ -91,7 +91,8 @@ def start(
     group, with `env` added to the environment."""
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, script, mode, json.dumps(args)],
+        # -X faulthandler: a crash (SIGSEGV in TF) logs every thread's Python stack.
+        [sys.executable, "-X", "faulthandler", script, mode, json.dumps(args)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=dict(_env(), **(env or {})),
