@@ -407,6 +407,21 @@ def test_callable_initializer_gives_a_repeated_missing_key_one_row():
     assert not np.array_equal(rows[0], rows[1])
 
 
+def place_function(shape, dtype):
+    """Row i is [i, i, ...]: shows which place of the call a key read."""
+    rows = tf.range(shape[0])[:, tf.newaxis] + tf.zeros(shape, tf.int32)
+    return tf.cast(rows, dtype)
+
+
+def test_callable_initializer_rows_follow_the_keys_places_as_in_tfra():
+    """TFRA calls the initializer for all of a lookup's keys and a missing key reads the
+    row of its place; found keys keep their rows."""
+    var = make_variable(dim=2, shards=2, initializer=place_function)
+    var.upsert(tf.constant([6], tf.int64), tf.constant([[-1.0, -1.0]]))
+    rows = var.lookup(tf.constant([5, 6, 7, 5, 8], tf.int64)).numpy()
+    np.testing.assert_array_equal(rows[:, 0], [0, -1, 2, 0, 3])
+
+
 @pytest.mark.parametrize(
     "initializer",
     [

@@ -12,9 +12,20 @@ Three kinds, chosen when the variable is created:
   same row on any shard, in any process and after any restore. With an integer `seed`
   on the initializer (or a global `tf.random.set_seed`) this is fully deterministic;
   without one the seed is drawn once per variable;
-- any other callable (user functions, other initializers): called as
-  `initializer(shape=[n, dim], dtype=value_dtype)` for the `n` distinct missing keys of
-  a lookup, as TFRA does (a key repeated in the lookup reads one row).
+- any other callable (user functions, other initializers): called once per lookup as
+  `initializer(shape=[n, dim], dtype=value_dtype)` for the `n` distinct keys of the
+  lookup (first occurrences in order), and a missing key reads the row at its place
+  among them. That is TFRA's call for a lookup of distinct keys on one device (its
+  Keras layers look up distinct keys), so a callable gives the rows it gives in TFRA;
+  a key repeated in the lookup reads one row.
+
+Why Keras' random initializers are drawn per key rather than called: an initializer
+instance returns the same matrix on every call (Keras warns of it when unseeded), so
+TFRA's call gives every key the row of its place in the batch: keys of one place share
+an initial row across steps and tables, and the row a key gets depends on the rest of
+its batch and on the partitioning. A per-key draw depends on the key alone, which is
+what keeps restores and changes of shard count exact. (TFRA's rows remain one line
+away: pass `lambda shape, dtype: init(shape, dtype)`, a plain callable.)
 
 Initializers whose scale depends on the shape of the whole matrix (the VarianceScaling
 family: Glorot*, He*, Lecun*; Orthogonal; Identity) are refused with a `ValueError`: a
@@ -110,12 +121,18 @@ class _CallableRows(RowInitializer):
         self._fn = fn
 
     def rows(self, keys: tf.Tensor) -> tf.Tensor:
-        # One draw per distinct key, so a key repeated in a batch reads one row.
+        # One row per distinct key (in first-occurrence order), so a key repeated in a
+        # batch reads one row, and distinct keys read the rows of their places.
         unique_keys, index = tf.unique(keys)
         shape = tf.stack([tf.size(unique_keys), self._dim])
         rows = tf.cast(tf.reshape(self._fn(shape=shape, dtype=self._value_dtype), shape),
                        self._value_dtype)
         return tf.gather(rows, index)
+
+    def fill(self, values: tf.Tensor, exists: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+        # Called for all the lookup's keys, not only the missing ones: TFRA's mapping of
+        # rows to keys (see the module docstring).
+        return tf.where(exists[:, tf.newaxis], values, self.rows(keys))
 
 
 def _config(initializer: Any) -> Optional[dict]:
