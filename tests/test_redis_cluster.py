@@ -152,3 +152,60 @@ def test_sentinel_mode_finds_the_master(tmp_path):
     finally:
         sentinel.kill()
         master.kill()
+
+
+def _cluster_buckets(nodes, pattern):
+    """{bucket name: HLEN} over the cluster's masters."""
+    found = {}
+    for n in nodes:
+        client = n.client()
+        for name in client.call("KEYS", pattern):
+            found[name] = client.call("HLEN", name)
+        client.close()
+    return found
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string], ids=lambda d: d.name)
+def test_a_changed_storage_slice_moves_every_row_when_the_table_opens(tmp_path, redis_cluster,
+                                                                      key_dtype):
+    """TFRA's rehash: the table opens with storage_slice 3 over rows written with 2
+    (storage_slice_import 2, one model tag): every row is found, and each is in exactly
+    one bucket, its runtime one."""
+    tag = f"rehash{key_dtype.name}"
+    rng = rng_for("redis-rehash", key_dtype.name)
+    keys = make_keys(rng, key_dtype, 500)
+    values = make_values(rng, tf.float32, (500, 2))
+    old = cluster_config(tmp_path, redis_cluster, storage_slice=2, model_tag_runtime=tag,
+                         model_tag_import=tag)
+    de.RedisTable(key_dtype, tf.float32, [0.0, 0.0], name="re", config=redis_config(old)).insert(
+        keys, values)
+    assert len(_cluster_buckets(redis_cluster, f"{tag}:re*")) == 2
+
+    new = cluster_config(tmp_path, redis_cluster, storage_slice=3, storage_slice_import=2,
+                         model_tag_runtime=tag, model_tag_import=tag)
+    table = de.RedisTable(key_dtype, tf.float32, [-1.0, -1.0], name="re", config=redis_config(new))
+    got, exists = table.lookup(keys, return_exists=True)
+    assert exists.numpy().all()
+    np.testing.assert_array_equal(got.numpy(), values)
+    buckets = _cluster_buckets(redis_cluster, f"{tag}:re*")
+    assert len(buckets) == 3 and sum(buckets.values()) == 500 == int(table.size())
+
+    # Opening again (every shard of a variable opens its table) moves nothing more.
+    again = de.RedisTable(key_dtype, tf.float32, [0.0, 0.0], name="re", config=redis_config(new))
+    assert _cluster_buckets(redis_cluster, f"{tag}:re*") == buckets and int(again.size()) == 500
+
+
+def test_without_storage_slice_import_nothing_moves(tmp_path, redis_cluster):
+    """As TFRA: storage_slice_import unset means the layout did not change; the rows
+    of the old buckets stay where they are (so set it when changing storage_slice)."""
+    tag = "norehash"
+    old = cluster_config(tmp_path, redis_cluster, storage_slice=2, model_tag_runtime=tag,
+                         model_tag_import=tag)
+    de.RedisTable(tf.int64, tf.float32, [0.0], name="nr", config=redis_config(old)).insert(
+        np.arange(20, dtype=np.int64), np.ones([20, 1], np.float32))
+    before = _cluster_buckets(redis_cluster, f"{tag}:nr*")
+    new = cluster_config(tmp_path, redis_cluster, storage_slice=3, model_tag_runtime=tag,
+                         model_tag_import=tag)
+    de.RedisTable(tf.int64, tf.float32, [0.0], name="nr", config=redis_config(new))
+    assert {k: v for k, v in _cluster_buckets(redis_cluster, f"{tag}:nr*").items()
+            if k in before} == before

@@ -132,6 +132,32 @@ def test_killed_server_is_unavailable_and_a_restart_reconnects(tmp_path):
         server.kill()
 
 
+def _client_ids(server, own):
+    """The ids of the server's client connections other than `own`'s."""
+    lines = own.call("CLIENT", "LIST").decode().splitlines()
+    mine = own.call("CLIENT", "ID")
+    ids = {int(field[3:]) for line in lines for field in line.split() if field.startswith("id=")}
+    return ids - {mine}
+
+
+@pytest.mark.slow
+def test_connections_are_replaced_after_redis_connection_lifetime(tmp_path, redis_server):
+    """redis_connection_lifetime (minutes) bounds how long a pooled connection lives: the
+    first use after it closes the old connection and opens a new one."""
+    own = redis_server.client()
+    table = table_of(write_config(tmp_path, redis_server.port, redis_connection_lifetime=1,
+                                  redis_conn_pool_size=1))
+    table.insert([1], [[1, 1]])
+    first = _client_ids(redis_server, own)
+    table.lookup([1])
+    assert _client_ids(redis_server, own) == first  # reused within the lifetime
+    time.sleep(61)
+    assert table.lookup([1]).numpy().tolist() == [[1, 1]]
+    later = _client_ids(redis_server, own)
+    assert later and not (later & first)
+    own.close()
+
+
 def test_hung_server_times_out(tmp_path):
     require_redis()
     server = RedisServer(str(tmp_path / "hung"))

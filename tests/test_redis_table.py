@@ -220,3 +220,19 @@ def test_stats_and_repr(tmp_path, redis_server):
     assert stats["size"] == 2 and stats["lookups"] == 2 and stats["misses"] == 1
     assert "RedisTable" in repr(table)
     assert table.embedding_name == "emb"
+
+
+def test_changed_hash_tags_move_the_rows_when_the_table_opens(tmp_path, redis_server):
+    """Standalone: the import layout's bucket (slot-tag name) moves to the runtime
+    hash tag's bucket when both layouts share a model tag (TFRA's rehash)."""
+    tag = "retag"
+    table, _ = make_table(tmp_path, redis_server, name="rt", model_tag_runtime=tag,
+                          model_tag_import=tag)
+    table.insert([1, 2, 3], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    moved, _ = make_table(tmp_path, redis_server, name="rt", model_tag_runtime=tag,
+                          model_tag_import=tag, redis_hash_tags_runtime=["{x}"])
+    np.testing.assert_array_equal(moved.lookup([3, 1]).numpy(), [[3.0, 3.0], [1.0, 1.0]])
+    client = redis_server.client()
+    assert client.call("KEYS", f"{tag}:*") == [f"{tag}:rt{{x}}".encode()]
+    assert client.call("HLEN", f"{tag}:rt{{x}}") == 3
+    client.close()

@@ -131,6 +131,14 @@ Status Connection::Pipeline(const std::vector<Command>& commands, std::vector<Re
   return Status::Ok();
 }
 
+Connection::Connection(redisContext* context, Endpoint endpoint)
+    : context_(context), endpoint_(std::move(endpoint)), opened_(std::chrono::steady_clock::now()) {}
+
+bool Connection::expired(int64_t lifetime_ms) const {
+  return lifetime_ms > 0 &&
+         std::chrono::steady_clock::now() - opened_ >= std::chrono::milliseconds(lifetime_ms);
+}
+
 Status NodePool::Acquire(std::unique_ptr<Connection>* out) {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -146,9 +154,11 @@ Status NodePool::Acquire(std::unique_ptr<Connection>* out) {
     if (!idle_.empty()) {
       *out = std::move(idle_.back());
       idle_.pop_back();
-      return Status::Ok();
+      if (!(*out)->expired(options_.lifetime_ms)) return Status::Ok();
+      out->reset();  // past redis_connection_lifetime: replaced by a new one below
+    } else {
+      ++open_;  // reserve a slot, connect outside the lock
     }
-    ++open_;  // reserve a slot, connect outside the lock
   }
   Status status = Connection::Open(endpoint_, options_, out);
   if (!status.ok()) {
@@ -161,7 +171,7 @@ Status NodePool::Acquire(std::unique_ptr<Connection>* out) {
 
 void NodePool::Release(std::unique_ptr<Connection> conn) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (conn->broken()) {
+  if (conn->broken() || conn->expired(options_.lifetime_ms)) {
     --open_;
   } else {
     idle_.push_back(std::move(conn));

@@ -6,6 +6,7 @@
 #ifndef DYNEMB_CORE_REDIS_REDIS_CLIENT_H_
 #define DYNEMB_CORE_REDIS_REDIS_CLIENT_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,9 @@ struct ConnectOptions {
   int connect_timeout_ms = 1000;
   int socket_timeout_ms = 1000;
   bool keep_alive = false;
+  // A pooled connection older than this is closed when it is next released
+  // or taken (redis_connection_lifetime); <= 0: kept while it works.
+  int64_t lifetime_ms = 0;
 };
 
 struct Endpoint {
@@ -71,12 +75,15 @@ class Connection {
   // (broken()); error replies are returned as replies, not as a status.
   Status Pipeline(const std::vector<Command>& commands, std::vector<Reply>* replies);
   bool broken() const { return broken_; }
+  // Whether it has been open for `lifetime_ms` or longer (never when <= 0).
+  bool expired(int64_t lifetime_ms) const;
 
  private:
-  Connection(redisContext* context, Endpoint endpoint) : context_(context), endpoint_(std::move(endpoint)) {}
+  Connection(redisContext* context, Endpoint endpoint);
   redisContext* context_;
   Endpoint endpoint_;
   bool broken_ = false;
+  const std::chrono::steady_clock::time_point opened_;
 };
 
 // The connections of one node: at most `max_size`, opened on demand, reused.

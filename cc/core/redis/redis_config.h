@@ -34,7 +34,7 @@ struct RedisConfig {
   int redis_socket_timeout = 1000;             // ms, per read/write
   int redis_conn_pool_size = 20;               // connections per node, at most
   int redis_wait_timeout = 100000000;          // ms to wait for a free connection
-  int redis_connection_lifetime = 100;         // minutes; accepted, not enforced
+  int redis_connection_lifetime = 100;         // minutes a pooled connection lives; <= 0: no limit
   std::string redis_sentinel_user = "default";
   std::string redis_sentinel_password;
   int redis_sentinel_connect_timeout = 1000;   // ms

@@ -19,6 +19,7 @@ ConnectOptions OptionsOf(const RedisConfig& c) {
   o.connect_timeout_ms = c.redis_connect_timeout;
   o.socket_timeout_ms = c.redis_socket_timeout;
   o.keep_alive = c.redis_connect_keep_alive;
+  o.lifetime_ms = static_cast<int64_t>(c.redis_connection_lifetime) * 60 * 1000;
   return o;
 }
 

@@ -31,6 +31,20 @@
 //   Redis keeps no scores: rows export with score 0, and the table never
 //   evicts (Redis' own maxmemory policy may; see Errors).
 //
+// Rehash on open (redis_table_rehash.cc)
+//   As TFRA: when model_tag_import equals model_tag_runtime and the import
+//   layout (storage_slice_import buckets named by redis_hash_tags_import)
+//   differs from the runtime one, opening the table moves every row of the
+//   import buckets whose runtime bucket is another one there (HSCAN, then
+//   HSETNX into the runtime bucket, then HDEL from the old one). A row already
+//   in its runtime bucket wins; a failure midway leaves a row in both, never
+//   in neither, and the next open finishes the move. (TFRA copies the rows
+//   but leaves those of a bucket name both layouts share in place, so a key
+//   can be counted twice; here each row ends in one bucket.) Every shard of a
+//   variable opens its table, so several may move at once: each step is
+//   idempotent. With storage_slice_import unset (-1) the layouts are the
+//   same and nothing moves: set it to the old storage_slice when changing.
+//
 // Batches and pipelining
 //   A batch is grouped by (bucket, lane): lane = a hash of the key modulo the
 //   number of lanes (about one per 4 commands' worth of keys, at most
@@ -50,6 +64,8 @@
 // Connections (redis_client.h)
 //   One NodePool per node: up to redis_conn_pool_size connections, opened on
 //   demand and reused; a caller waits at most redis_wait_timeout for one.
+//   A connection open for redis_connection_lifetime minutes is closed when it
+//   is next released or taken, and a new one opened (as TFRA's client does).
 //   Connecting is bounded by redis_connect_timeout, each read and write by
 //   redis_socket_timeout: a dead or stopped server is an error after at most
 //   those, never a hang. A pooled connection found broken is replaced and

@@ -47,7 +47,8 @@ class RedisTable final : public Table {
     if (router_.cluster() && !config_.redis_hash_tags_hypodispersion) ranges = router_.MasterFirstRanges();
     buckets_ = BucketNames(config_, embedding_name_, ranges);
     ready_ = true;
-    return AllBuckets("PERSIST", "", nullptr);
+    DYNEMB_RETURN_IF_ERROR(AllBuckets("PERSIST", "", nullptr));
+    return MoveFromImportLayout(ranges);
   }
 
   const TableOptions& options() const override { return options_; }
@@ -216,9 +217,10 @@ class RedisTable final : public Table {
     return static_cast<int>(h % buckets_.size());
   }
 
-  Status CheckWidth(const redisReply* e, int bucket) const {
+  Status CheckWidth(const redisReply* e, int bucket) const { return CheckWidth(e, buckets_[bucket]); }
+  Status CheckWidth(const redisReply* e, const std::string& bucket) const {
     if (e->len == value_bytes_) return Status::Ok();
-    return InvalidArgument("Redis bucket " + buckets_[bucket] + " holds a row of " +
+    return InvalidArgument("Redis bucket " + bucket + " holds a row of " +
                            std::to_string(e->len) + " bytes, but this table's rows are " +
                            std::to_string(options_.dim) + " x " + ValueTypeName(options_.value_type) +
                            " = " + std::to_string(value_bytes_) +
@@ -266,10 +268,17 @@ class RedisTable final : public Table {
   // Runs "<verb> bucket [arg]" on every bucket; *ints receives integer replies.
   Status AllBuckets(const char* verb, const std::string& arg, std::vector<int64_t>* ints);
 
-  // Reads every row of bucket b with HSCAN, calling `take(keys, n, rows)`
-  // per reply (each key once).
-  Status ScanBucket(int b, const std::function<Status(const std::vector<std::string_view>&,
-                                                      const std::vector<const char*>&)>& take);
+  // Reads every row of the bucket named `bucket` with HSCAN, calling
+  // `take(keys, rows)` per reply (each key once).
+  using ScanSink = std::function<Status(const std::vector<std::string_view>&,
+                                        const std::vector<const char*>&)>;
+  Status ScanBucket(const std::string& bucket, const ScanSink& take);
+
+  // TFRA's rehash when a table opens (redis_table_rehash.cc): moves the rows
+  // of the import layout's buckets to their runtime buckets.
+  Status MoveFromImportLayout(const std::vector<std::pair<int, int>>& ranges);
+  // BucketOf for a key given as its bytes in Redis.
+  int BucketOfBytes(std::string_view key) const;
 
   const TableOptions options_;
   const RedisConfig config_;

@@ -11,23 +11,21 @@ namespace dynemb {
 namespace redis {
 namespace internal {
 
-Status RedisTable::ScanBucket(
-    int b, const std::function<Status(const std::vector<std::string_view>&,
-                                      const std::vector<const char*>&)>& take) {
-  NodePool* pool = router_.PoolFor(buckets_[b]);
+Status RedisTable::ScanBucket(const std::string& bucket, const ScanSink& take) {
+  NodePool* pool = router_.PoolFor(bucket);
   const size_t key_bytes = options_.key_type == KeyType::kInt32 ? 4 : 8;
   std::unordered_set<std::string> seen;  // HSCAN may return a field twice
   std::string cursor = "0";
   const std::string count = std::to_string(config_.keys_sending_size);
   do {
     Command c;
-    c.Add("HSCAN"), c.Add(buckets_[b]), c.Add(cursor), c.Add("COUNT"), c.Add(count);
+    c.Add("HSCAN"), c.Add(bucket), c.Add(cursor), c.Add("COUNT"), c.Add(count);
     std::vector<Reply> replies;
     DYNEMB_RETURN_IF_ERROR(pool->Run({c}, &replies, true));
     const redisReply* r = replies[0].get();
-    DYNEMB_RETURN_IF_ERROR(ReplyStatus(r, "HSCAN " + buckets_[b]));
+    DYNEMB_RETURN_IF_ERROR(ReplyStatus(r, "HSCAN " + bucket));
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-      return Status(StatusCode::kInternal, "HSCAN " + buckets_[b] + ": unexpected reply");
+      return Status(StatusCode::kInternal, "HSCAN " + bucket + ": unexpected reply");
     }
     cursor.assign(r->element[0]->str, r->element[0]->len);
     const redisReply* items = r->element[1];
@@ -37,12 +35,12 @@ Status RedisTable::ScanBucket(
       const redisReply* k = items->element[j];
       const redisReply* v = items->element[j + 1];
       if (options_.key_type != KeyType::kString && k->len != key_bytes) {
-        return InvalidArgument("Redis bucket " + buckets_[b] + " holds a key of " +
+        return InvalidArgument("Redis bucket " + bucket + " holds a key of " +
                                std::to_string(k->len) + " bytes, but this table's keys are " +
                                KeyTypeName(options_.key_type) + " (" + std::to_string(key_bytes) +
                                " bytes): a table of that name with another key dtype wrote it");
       }
-      DYNEMB_RETURN_IF_ERROR(CheckWidth(v, b));
+      DYNEMB_RETURN_IF_ERROR(CheckWidth(v, bucket));
       if (!seen.emplace(k->str, k->len).second) continue;
       keys.emplace_back(k->str, k->len);
       rows.push_back(v->str);
@@ -55,7 +53,7 @@ Status RedisTable::ScanBucket(
 Status RedisTable::ExportChunks(int64_t chunk_rows, const ChunkSink& sink) {
   if (chunk_rows < 1) return InvalidArgument("ExportChunks: chunk_rows must be >= 1");
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    DYNEMB_RETURN_IF_ERROR(ScanBucket(b, [&](const std::vector<std::string_view>& k,
+    DYNEMB_RETURN_IF_ERROR(ScanBucket(buckets_[b], [&](const std::vector<std::string_view>& k,
                                              const std::vector<const char*>& r) {
       for (size_t begin = 0; begin < k.size(); begin += chunk_rows) {
         const size_t end = std::min(k.size(), begin + static_cast<size_t>(chunk_rows));
@@ -139,7 +137,7 @@ Status RedisTable::Snapshot(std::unique_ptr<TableSnapshot>* snapshot) {
   // Not a consistent point in time when other writers are active: Redis has no
   // multi-key read that would not block the server meanwhile.
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-    DYNEMB_RETURN_IF_ERROR(ScanBucket(b, [&](const std::vector<std::string_view>& k,
+    DYNEMB_RETURN_IF_ERROR(ScanBucket(buckets_[b], [&](const std::vector<std::string_view>& k,
                                              const std::vector<const char*>& r) {
       for (size_t j = 0; j < k.size(); ++j) snap->Add(k[j], r[j]);
       return Status::Ok();
