@@ -561,6 +561,16 @@ def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
     # bit-identical; the tolerance only forgives nondeterministic float sums.
     if not max_diff <= 1e-6:
         failures.append(f"restored predictions differ (max |diff| {max_diff:.3g})")
+    failures += serving_failures(served, live, titles)
+    return verdict(failures, f"held-out AUC {auc:.4f} >= {args.min_auc}, restored predictions "
+                             "match, both SavedModels serve the trained model's prediction")
+
+
+def serving_failures(served: Dict[str, Tuple[Optional[float], Optional[str]]], live: float,
+                     titles: Dict[str, str]) -> List[str]:
+    """What is wrong with the predictions `serve_in_fresh_processes` returned, against the
+    trained model's prediction `live` of the same row."""
+    failures = []
     # One row served alone, not in a batch of --batch-size: the kernels may sum in
     # another order, hence a looser tolerance.
     for form, (prediction, error) in served.items():
@@ -569,11 +579,15 @@ def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
         elif not abs(prediction - live) <= 1e-5:
             failures.append(f"the {titles[form]} SavedModel serves {prediction:.6f}, "
                             f"the trained model predicts {live:.6f}")
+    return failures
+
+
+def verdict(failures: List[str], passed: str) -> int:
+    """Prints the demo's last line and returns its exit status."""
     if failures:
         print("demo: FAILED: " + "; ".join(failures))
         return 1
-    print(f"demo: PASSED (held-out AUC {auc:.4f} >= {args.min_auc}, restored predictions match, "
-          "both SavedModels serve the trained model's prediction)")
+    print(f"demo: PASSED ({passed})")
     return 0
 
 

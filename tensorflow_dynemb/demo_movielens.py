@@ -123,20 +123,13 @@ def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
         print(f"  {title:<36} {demo.roc_auc(labels, scores):>12.4f} {accuracy:>9.1%} {seconds:>6.1f}")
     print(f"  {'majority class (always liked)':<36} {0.5:>12.4f} {majority:>9.1%}")
     live = float(ours[index])
-    failures = []
     for form, (prediction, error) in served.items():
         outcome = error if prediction is None else f"{prediction:.6f} (|diff| {abs(prediction - live):.2g})"
         print(f"served        {form}: held-out row {index} ({unseen} unseen ids), trained model "
               f"{live:.6f}, served {outcome}")
-        if prediction is None or not abs(prediction - live) <= 1e-5:
-            failures.append(f"the {form} SavedModel serves {outcome}")
     print(f"time          {time.perf_counter() - start:.1f} s; outputs in {workdir}"
           + (" (kept)" if kept else " (removed at exit)"))
-    if not auc >= args.min_auc:
-        failures.append(f"held-out AUC {auc:.4f} < --min-auc {args.min_auc}")
-    if failures:
-        print("demo: FAILED: " + "; ".join(failures))
-        return 1
-    print(f"demo: PASSED (held-out AUC {auc:.4f} >= {args.min_auc}, both SavedModels serve "
-          "the trained model's prediction)")
-    return 0
+    failures = [] if auc >= args.min_auc else [f"held-out AUC {auc:.4f} < --min-auc {args.min_auc}"]
+    failures += demo.serving_failures(served, live, {form: form for form in served})
+    return demo.verdict(failures, f"held-out AUC {auc:.4f} >= {args.min_auc}, both SavedModels "
+                                  "serve the trained model's prediction")
