@@ -9,6 +9,7 @@ running.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
@@ -177,6 +178,20 @@ class LocalCluster:
     def run_task(self, mode: str, job: str, index: int, **args) -> subprocess.Popen:
         args = dict(args, cluster=self.spec, job=job, index=index, workdir=self.workdir)
         return start(mode, args, self.log(job, index))
+
+    @contextlib.contextmanager
+    def worker_servers(self) -> Iterator[List[subprocess.Popen]]:
+        """The spec's workers as plain servers (`dist_worker.py server`), for a chief whose
+        ParameterServerStrategy schedules onto them; killed on exit."""
+        workers = [
+            start("server", {"cluster": self.spec, "job": "worker", "index": i}, self.log("worker", i))
+            for i in range(len(self.spec.get("worker", [])))
+        ]
+        try:
+            yield workers
+        finally:
+            for proc in workers:
+                _kill(proc)
 
     def close(self) -> None:
         for proc in self.ps:

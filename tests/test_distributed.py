@@ -243,19 +243,11 @@ def _run_pss_chief(mode: str, tag: str, num_workers: int = 2, num_ps: int = 2, *
     """Runs `mode` as the chief of a fresh ParameterServerStrategy cluster (workers are
     servers only); returns its result and the cluster's working directory."""
     workdir = temp_workdir()
-    with cu.LocalCluster(cu.make_cluster(num_workers, num_ps), workdir, tag) as cluster:
-        workers = [
-            cu.start("server", {"cluster": cluster.spec, "job": "worker", "index": i},
-                     cluster.log("worker", i))
-            for i in range(num_workers)
-        ]
-        try:
-            return cu.result_of(
-                cluster.run_task(mode, "chief", 0, **args), cluster.log("chief", 0), TIMEOUT
-            ), workdir
-        finally:
-            for proc in workers:
-                cu._kill(proc)
+    cluster = cu.LocalCluster(cu.make_cluster(num_workers, num_ps), workdir, tag)
+    with cluster, cluster.worker_servers():
+        return cu.result_of(
+            cluster.run_task(mode, "chief", 0, **args), cluster.log("chief", 0), TIMEOUT
+        ), workdir
 
 
 @functools.lru_cache(maxsize=None)

@@ -81,20 +81,11 @@ def test_parameter_server_demo_learns():
         pytest.skip("tf_keras is not installed")
     _need_data()
     workdir = temp_workdir()
-    with cu.LocalCluster(cu.make_cluster(2, 2), workdir, "movielens") as cluster:
-        workers = [
-            cu.start("server", {"cluster": cluster.spec, "job": "worker", "index": i},
-                     cluster.log("worker", i))
-            for i in range(2)
-        ]
-        try:
-            result = _run(
-                "ps_chief", workdir, flavor="tf_keras", steps=STEPS, batch=BATCH,
-                cluster=cluster.spec,
-            )
-        finally:
-            for proc in workers:
-                cu._kill(proc)
+    cluster = cu.LocalCluster(cu.make_cluster(2, 2), workdir, "movielens")
+    with cluster, cluster.worker_servers():
+        result = _run(
+            "ps_chief", workdir, flavor="tf_keras", steps=STEPS, batch=BATCH, cluster=cluster.spec
+        )
     assert result["placement"] == [
         "/job:ps/replica:0/task:0/device:CPU:0",
         "/job:ps/replica:0/task:1/device:CPU:0",
