@@ -89,6 +89,7 @@ void TableResource::ReplaceTable(std::unique_ptr<Table> table) {
 }
 
 absl::Status CpuTableResource::NewStagingTable(int64_t rows, std::unique_ptr<Table>* out) {
+  if (!staged_loads_) return TableResource::NewStagingTable(rows, out);
   TableOptions staged = options();
   // Presized for the rows coming, so the load never grows a slot array.
   staged.init_capacity = std::max<int64_t>(staged.init_capacity, rows);

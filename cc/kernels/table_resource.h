@@ -133,13 +133,17 @@ class TableResource : public tensorflow::ResourceBase {
   const tensorflow::TensorShape value_shape_;
 };
 
-// A CPU table (NewCpuTable): batches run on the op's intra-op thread pool.
+// A table driven from the host (NewCpuTable, or a Redis table's client):
+// batches run on the op's intra-op thread pool. With `staged_loads`, a load
+// fills a new CPU table aside (NewStagingTable); without, it goes in place
+// (a Redis table's buckets have no second copy to fill).
 class CpuTableResource final : public TableResource {
  public:
   CpuTableResource(std::unique_ptr<Table> table, tensorflow::DataType key_dtype,
-                   tensorflow::DataType value_dtype, tensorflow::TensorShape value_shape)
+                   tensorflow::DataType value_dtype, tensorflow::TensorShape value_shape,
+                   bool staged_loads = true)
       : TableResource(table.get(), key_dtype, value_dtype, std::move(value_shape)),
-        table_(std::move(table)) {}
+        table_(std::move(table)), staged_loads_(staged_loads) {}
 
   absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
                          std::unique_ptr<Runner>* runner) override;
@@ -153,6 +157,7 @@ class CpuTableResource final : public TableResource {
 
  private:
   std::unique_ptr<Table> table_;
+  const bool staged_loads_;
 };
 
 }  // namespace dynemb

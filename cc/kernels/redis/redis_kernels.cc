@@ -1,4 +1,4 @@
-// The kernel of DynembRedisTable (cc/ops/redis/redis_ops.cc): a TableResource
+// The kernel of DynembRedisTable (cc/ops/redis/redis_ops.cc): a CpuTableResource
 // over a Redis table (cc/core/redis/redis_table.h). The other table ops'
 // kernels (table_kernels.h) serve it unchanged. Built only with hiredis.
 
@@ -15,27 +15,6 @@
 
 namespace dynemb {
 namespace {
-
-// A Redis table: batches run on the op's intra-op thread pool (the table's
-// groups of commands wait on the network there). Loads go in place
-// (NewStagingTable's default): a second table of the same buckets could
-// not be filled aside.
-class RedisTableResource final : public TableResource {
- public:
-  RedisTableResource(std::unique_ptr<Table> table, tensorflow::DataType key_dtype,
-                     tensorflow::DataType value_dtype, tensorflow::TensorShape value_shape)
-      : TableResource(table.get(), key_dtype, value_dtype, std::move(value_shape)),
-        table_(std::move(table)) {}
-
-  absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
-                         std::unique_ptr<Runner>* runner) override {
-    *runner = std::make_unique<ThreadPoolRunner>(ctx);
-    return absl::OkStatus();
-  }
-
- private:
-  std::unique_ptr<Table> table_;
-};
 
 bool FileExists(const std::string& path) {
   struct stat st;
@@ -62,7 +41,9 @@ class RedisCreateTableOp final : public CreateTableOp {
       return ToTfStatus(Status(status.code(), "Redis table '" + embedding_name_ + "' (config " +
                                                   path + "): " + status.message()));
     }
-    *out = new RedisTableResource(std::move(table), key_dtype(), value_dtype(), value_shape());
+    // Loads go in place: a second table of the same buckets could not be filled aside.
+    *out = new CpuTableResource(std::move(table), key_dtype(), value_dtype(), value_shape(),
+                                /*staged_loads=*/false);
     return absl::OkStatus();
   }
 
