@@ -2,9 +2,11 @@
 
 - base.py: `_DynembTable`, the shared implementation (one generated op per method);
 - content.py: export/import, files and checkpoint hooks of a table;
+- evicting.py: `insert_and_evict` / `accum_and_evict`, the ops that return what they evicted;
 - hash_table.py: `HashTable` (alias `CuckooHashTable`);
 - hkv.py: `HkvHashTable`, `HkvHashTableConfig`, `HkvEvictStrategy`;
-- redis.py: `RedisTable`, `RedisTableConfig`, `RedisTableCreator` (rows kept in Redis).
+- redis.py: `RedisTable`, `RedisTableConfig`, `RedisTableCreator` (rows kept in Redis);
+- xla.py: table ops refuse XLA compilation at trace time.
 """
 
 from tensorflow_dynemb.tables.hash_table import CuckooHashTable, HashTable

@@ -2,7 +2,8 @@
 
 The public classes (`HashTable` in hash_table.py, `HkvHashTable` in hkv.py) are thin:
 they only choose the attributes the table is created with. Every method lives here,
-and in `TableContent` (content.py: the whole content at once, files, checkpoints): it
+in `TableContent` (content.py: the whole content at once, files, checkpoints) and in
+`EvictingOps` (evicting.py: the ops that return what they evicted): it
 converts its inputs and calls one generated op (see `cc/ops/table_ops.cc`). Semantics
 that must be the same in eager mode, inside `tf.function` and in TF1 graph mode live
 in the ops, not here.
@@ -25,6 +26,7 @@ from tensorflow_dynemb.persistence.checkpoint import (
 )
 from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
 from tensorflow_dynemb.tables.content import TableContent
+from tensorflow_dynemb.tables.evicting import EvictingOps
 from tensorflow_dynemb.tables.xla import refuse_xla
 from tensorflow_dynemb._convert import (
     KEY_DTYPES,
@@ -38,9 +40,11 @@ from tensorflow_dynemb._convert import (
 )
 
 
-
-class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.TrackableResource):
-    """Base class of every dynamic-embedding table: all methods live here.
+class _DynembTable(
+    TableContent, EvictingOps, TF1SaverHooks, tf.saved_model.experimental.TrackableResource
+):
+    """Base class of every dynamic-embedding table: its methods live here and in its
+    mixins (module docstring).
 
     Subclasses only decide the creation attributes (`_table_attrs`) they pass to the
     `DynembHashTable` op, and optionally the scores an insert without `scores` uses
@@ -237,54 +241,6 @@ class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.Trac
         with tf.name_scope(name or f"{self._name}_insert"), self._placement():
             return _ops.ops.dynemb_table_insert(self.resource_handle, keys, values, scores)
 
-    def insert_and_evict(
-        self,
-        keys: TensorLike,
-        values: TensorLike,
-        scores: Optional[TensorLike] = None,
-        name: Optional[str] = None,
-    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """`insert`, returning what it evicted to stay within `max_capacity`.
-
-        When the table is full, each new key evicts the entry with the lowest score in
-        the table (among equal scores, the one written longest ago), or, if its own
-        score is lower than every stored score, is itself not inserted. Both are
-        returned. Below `max_capacity` nothing is evicted. An unbounded `HashTable`
-        never evicts and returns empty tensors.
-
-        Args:
-          keys: keys of any shape, of the table's key dtype.
-          values: values of shape `keys.shape + value_shape`.
-          scores: optional int64 scores of shape `keys.shape` (as for `insert`).
-          name: a name for the operation.
-
-        Returns:
-          `(evicted_keys [m], evicted_values [m] + value_shape, evicted_scores int64
-          [m])`, `m <= keys.size`, in unspecified order: the stored entries the batch
-          evicted (with the values and scores they had) and the new keys it turned
-          away (with the values and scores they were given).
-
-        Raises:
-          The same errors as `insert`.
-
-        Example:
-
-        >>> import tensorflow as tf
-        >>> import tensorflow_dynemb as de
-        >>> table = de.HkvHashTable(tf.int64, tf.float32, 0.0, init_capacity=2,
-        ...                         max_capacity=2, evict_strategy="customized")
-        >>> table.insert([1, 2], [1.0, 2.0], scores=[10, 20])
-        >>> keys, values, scores = table.insert_and_evict([3], [3.0], scores=[30])
-        >>> keys.numpy(), values.numpy(), scores.numpy()
-        (array([1]), array([1.], dtype=float32), array([10]))
-        """
-        keys, values, scores = self._insert_inputs(keys, values, scores)
-        with tf.name_scope(name or f"{self._name}_insert_and_evict"), self._placement():
-            evicted = _ops.ops.dynemb_table_insert_and_evict(
-                self.resource_handle, keys, values, scores
-            )
-        return tuple(evicted)
-
     def lookup(
         self,
         keys: TensorLike,
@@ -381,57 +337,6 @@ class _DynembTable(TableContent, TF1SaverHooks, tf.saved_model.experimental.Trac
         exists = convert(exists, tf.bool, "exists")
         check_shape(exists, keys.shape, "exists", "keys.shape")
         return keys, values_or_deltas, exists
-
-    def accum_and_evict(
-        self,
-        keys: TensorLike,
-        values_or_deltas: TensorLike,
-        exists: TensorLike,
-        name: Optional[str] = None,
-    ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """`accum`, returning what it evicted to stay within `max_capacity`.
-
-        Only the keys `accum` inserts (not `exists` and absent) need room. When the
-        table is full, each of them evicts the entry with the lowest score in the table
-        (among equal scores, the one written longest ago), or, if its own score is lower
-        than every stored score, is itself not inserted, exactly as in
-        `insert_and_evict`. Both are returned. Below `max_capacity` nothing is evicted.
-        An unbounded `HashTable` never evicts and returns empty tensors.
-
-        Args:
-          keys: keys of any shape, of the table's key dtype.
-          values_or_deltas: `keys.shape + value_shape`, of the table's value dtype.
-          exists: bool tensor of `keys.shape` (as for `accum`).
-          name: a name for the operation.
-
-        Returns:
-          `(evicted_keys [m], evicted_values [m] + value_shape, evicted_scores int64
-          [m])`, `m <= keys.size`, in unspecified order: the stored entries the batch
-          evicted (with the values and scores they had, including deltas this batch
-          added before evicting them) and the new keys it turned away (with the value
-          they would have been inserted with).
-
-        Raises:
-          The same errors as `accum`.
-
-        Example:
-
-        >>> import tensorflow as tf
-        >>> import tensorflow_dynemb as de
-        >>> table = de.HkvHashTable(tf.int64, tf.float32, 0.0, init_capacity=2,
-        ...                         max_capacity=2, evict_strategy="lru")
-        >>> table.insert([1], [1.0])
-        >>> table.insert([2], [2.0])
-        >>> keys, values, _ = table.accum_and_evict([3], [3.0], exists=[False])
-        >>> keys.numpy(), values.numpy()
-        (array([1]), array([1.], dtype=float32))
-        """
-        keys, values_or_deltas, exists = self._accum_inputs(keys, values_or_deltas, exists)
-        with tf.name_scope(name or f"{self._name}_accum_and_evict"), self._placement():
-            evicted = _ops.ops.dynemb_table_accum_and_evict(
-                self.resource_handle, keys, values_or_deltas, exists
-            )
-        return tuple(evicted)
 
     def _apply_rule(self, keys, rows, grads, initial, coefficients, rule: str,
                     weight_decay: bool) -> tf.Tensor:
