@@ -10,7 +10,8 @@ in its own child process (TFRA needs TF 2.16, so its child may use another
 interpreter: --tfra-python, default $DYNEMB_TFRA_PYTHON). Each op is timed over
 --batches batches of --batch keys, --repeats times per child, in --rounds rounds that
 alternate the two sides; medians are reported, with the ratio ours / TFRA per op (goal:
->= 1.5x). TFRA's accum needs its Redis module
+>= 1.5x), and the CPU seconds per second of the redis-server and of each client during
+each op (a server near 1.0 bounds both clients alike). TFRA's accum needs its Redis module
 (HMACCUM), which a stock server lacks: reported as n/a.
 """
 
@@ -29,6 +30,13 @@ sys.path.insert(0, HERE)
 from _harness import loadavg, median, print_result, spawn_child  # noqa: E402
 
 OPS = ("insert", "lookup", "accum", "remove")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def child_ops(args) -> None:
@@ -56,16 +64,23 @@ def child_ops(args) -> None:
             "remove": lambda i: table.remove(keys[i]),
         }
         per_op = {op: [] for op in OPS}
+        # Where the time goes: the redis-server's and this client's CPU seconds per
+        # second of the op (1.0: a core busy throughout).
+        busy = {op: {"server": [], "client": []} for op in OPS}
         for _ in range(args.repeats):
             table.clear()
             for op in OPS:  # remove last: every pass starts from the inserted rows
                 try:
+                    server_start, client_start = cpu_seconds(args.server_pid), time.process_time()
                     start = time.perf_counter()
                     for i in range(args.batches):
                         out = ops[op](i)
                     if out is not None and hasattr(out, "numpy"):
                         out.numpy()
-                    per_op[op].append(args.batch * args.batches / (time.perf_counter() - start))
+                    seconds = time.perf_counter() - start
+                    per_op[op].append(args.batch * args.batches / seconds)
+                    busy[op]["server"].append((cpu_seconds(args.server_pid) - server_start) / seconds)
+                    busy[op]["client"].append((time.process_time() - client_start) / seconds)
                 # TFRA's accum without its Redis module: an OpError, or (TFRA 0.8.1) a
                 # UnicodeDecodeError of the error message.
                 except (tf.errors.OpError, UnicodeDecodeError) as e:
@@ -75,6 +90,8 @@ def child_ops(args) -> None:
                     table.insert(keys[0], values[0])  # keep remove's cost comparable
         table.clear()
         results[f"dim{dim}"] = {op: (median(v) if v else None) for op, v in per_op.items()}
+        results[f"busy_dim{dim}"] = {op: {side: median(v) if v else None for side, v in b.items()}
+                                     for op, b in busy.items()}
     print_result(results)
 
 
@@ -118,12 +135,21 @@ def child_train(args) -> None:
 
 
 def merged(runs, dims):
-    """Per dim and op, the median over the rounds' results (None where a side failed)."""
+    """Per dim and op, the median over the rounds' results (None where a side failed),
+    and the median CPU shares of the server and the client (`busy_dim<d>`)."""
     runs = [r for r in runs if r]
     if not runs:
         return None
-    return {f"dim{d}": {op: median([r[f"dim{d}"][op] for r in runs if r[f"dim{d}"][op]])
-                        for op in OPS} for d in dims}
+    out = {}
+    for d in dims:
+        out[f"dim{d}"] = {op: median([r[f"dim{d}"][op] for r in runs if r[f"dim{d}"][op]])
+                          for op in OPS}
+        out[f"busy_dim{d}"] = {
+            op: {side: median([r[f"busy_dim{d}"][op][side] for r in runs
+                               if r[f"busy_dim{d}"][op][side] is not None] or [float("nan")])
+                 for side in ("server", "client")}
+            for op in OPS}
+    return out
 
 
 def parse_args(argv=None):
@@ -140,6 +166,7 @@ def parse_args(argv=None):
     p.add_argument("--child", choices=["ops", "train"], help=argparse.SUPPRESS)
     p.add_argument("--tfra", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -163,7 +190,8 @@ def main(argv=None) -> None:
             common = ["--batch", str(args.batch), "--batches", str(args.batches),
                       "--repeats", str(args.repeats), "--dims", *map(str, args.dims),
                       "--train-batch", str(args.train_batch),
-                      "--train-steps", str(args.train_steps), "--config", config]
+                      "--train-steps", str(args.train_steps), "--config", config,
+                      "--server-pid", str(server.process.pid)]
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                        PYTHONPATH=os.path.join(HERE, "..") + os.pathsep + os.environ.get("PYTHONPATH", ""))
             me = os.path.abspath(__file__)
@@ -190,8 +218,13 @@ def main(argv=None) -> None:
             o = (ours or {}).get(f"dim{dim}", {}).get(op)
             t = (tfra or {}).get(f"dim{dim}", {}).get(op)
             ratio = f"{o / t:5.2f}x" if o and t else "  n/a"
+            shares = "  ".join(
+                f"{name} server {b['server']:.2f} client {b['client']:.2f}"
+                for name, side in (("ours", ours), ("TFRA", tfra)) if side
+                for b in [side[f"busy_dim{dim}"][op]])
             print(f"  dim {dim:3d} {op:7s} ours {o / 1e6 if o else 0:7.3f} Mkeys/s   "
-                  f"TFRA {(t / 1e6) if t else float('nan'):7.3f} Mkeys/s   ours/TFRA {ratio}")
+                  f"TFRA {(t / 1e6) if t else float('nan'):7.3f} Mkeys/s   ours/TFRA {ratio}   "
+                  f"CPU/s: {shares}")
     if train:
         print(f"  training (dim 8, batch {args.train_batch}, Adam): Redis-backed "
               f"{train['redis']:.0f} examples/s, in-memory {train['memory']:.0f} examples/s "
