@@ -52,7 +52,11 @@
 //   hashed and bucketed by shard (a stable counting sort, which keeps each
 //   key's rows in batch order; large batches hash, count and scatter in
 //   parallel blocks), then shards are processed in parallel with one lock
-//   acquisition per shard per batch.
+//   acquisition per shard per batch. A Find of a small batch (one the table
+//   does not split among threads) instead takes the reader locks of every
+//   shard it touches, ascending, and runs one pipeline over all its keys: it
+//   leaves a few keys per shard, too few for a pipeline per shard to overlap
+//   their misses.
 //
 // Batch pipeline (PipelinedLoop)
 //   A lookup costs two dependent cache misses (slot, then row), so each

@@ -199,6 +199,25 @@ struct alignas(64) Shard {
   }
 };
 
+// Reader locks of shards[0..n) of `all`, taken in the order given (ascending,
+// the global lock order of table.h "Locking") and released when it goes.
+class SharedShardLocks {
+ public:
+  SharedShardLocks(Shard* all, const uint16_t* shards, int64_t n) : all_(all), shards_(shards), n_(n) {
+    for (int64_t i = 0; i < n_; ++i) all_[shards_[i]].mu.lock_shared();
+  }
+  ~SharedShardLocks() {
+    for (int64_t i = n_; i-- > 0;) all_[shards_[i]].mu.unlock_shared();
+  }
+  SharedShardLocks(const SharedShardLocks&) = delete;
+  SharedShardLocks& operator=(const SharedShardLocks&) = delete;
+
+ private:
+  Shard* const all_;
+  const uint16_t* const shards_;
+  const int64_t n_;
+};
+
 // The slot array each shard starts with for a table of init_capacity keys.
 uint64_t InitialShardSlotsFor(int64_t init_capacity) {
   return Shard::SlotsToHold((init_capacity + kNumShards - 1) / kNumShards, kMinShardSlots);
@@ -436,13 +455,28 @@ class CpuTable final : public Table {
     ScoreContext ctx{options_.strategy, touch ? NextClock() : 0, CurrentEpoch(), nullptr};
     char* out = static_cast<char*>(values);
     const char* def = static_cast<const char*>(defaults);
-    return ForEachShard(plan, n, runner,
-                        [&](int, Shard& shard, const uint32_t* idx, int64_t count) {
-                          std::shared_lock<std::shared_mutex> lock(shard.mu);
-                          FindInShard(shard, plan.hashes.data(), idx, count, in, out, exists,
-                                      def, default_per_key, touch ? &ctx : nullptr);
-                          return Status::Ok();
-                        });
+    const uint64_t* hashes = plan.hashes.data();
+    const ScoreContext* scores = touch ? &ctx : nullptr;
+    if (n >= kParallelMinKeys) {
+      // Enough keys per shard for a pipeline per shard; shards in parallel.
+      return ForEachShard(plan, n, runner, [&](int, Shard& shard, const uint32_t* idx, int64_t count) {
+        std::shared_lock<std::shared_mutex> lock(shard.mu);
+        FindKeys([&](uint32_t) -> const Shard& { return shard; }, hashes, idx, count, in, out, exists,
+                 def, default_per_key, scores);
+        return Status::Ok();
+      });
+    }
+    // A small batch leaves a few keys per shard, too few for a pipeline per
+    // shard to overlap their misses: one pipeline over all the keys, holding
+    // the reader locks of every shard they touch (docs/benchmarks.md, issue 35).
+    return ForEachShardBlock(plan.begin, plan.order.data(), n, runner,
+                             [&](const uint16_t* shards, int64_t num_shards, const uint32_t* idx,
+                                 int64_t count) {
+                               const SharedShardLocks locks(shards_.get(), shards, num_shards);
+                               FindKeys([&](uint32_t i) -> const Shard& { return shards_[ShardOf(hashes[i])]; },
+                                        hashes, idx, count, in, out, exists, def, default_per_key, scores);
+                               return Status::Ok();
+                             });
   }
 
   Status InsertAndEvictBody(const void* keys, int64_t n, const void* values, const uint64_t* scores,
@@ -1228,11 +1262,34 @@ class CpuTable final : public Table {
 
   // The same over the n batch indices order[begin[s] .. begin[s + 1]) of
   // each shard s; with `serial`, shards run one after another on this thread.
+  // A shard's error does not stop the other shards.
   template <typename Fn>
   Status ForEachShard(const std::array<uint32_t, kNumShards + 1>& begin, const uint32_t* order,
                       int64_t n, const Runner& runner, Fn&& fn, bool serial = false) {
-    std::mutex error_mu;
-    Status first_error;
+    return ForEachShardBlock(
+        begin, order, n, runner,
+        [&](const uint16_t* shards, int64_t num_shards, const uint32_t*, int64_t) {
+          Status first_error;
+          for (int64_t i = 0; i < num_shards; ++i) {
+            const int s = shards[i];
+            const uint32_t b = begin[s], e = begin[s + 1];
+            const Status status =
+                GuardMemory([&] { return fn(s, shards_[s], order + b, static_cast<int64_t>(e - b)); });
+            if (first_error.ok()) first_error = status;
+          }
+          return first_error;
+        },
+        serial);
+  }
+
+  // Runs fn(shards, num_shards, indices, count) on blocks of consecutive
+  // shards the batch touches (shards[0..num_shards) ascending; their keys'
+  // batch indices order[begin[shards[0]] ..], count of them, shard by shard),
+  // blocks in parallel; with `serial` (or a small batch), all of them as one
+  // block on this thread. Returns the first error.
+  template <typename Fn>
+  Status ForEachShardBlock(const std::array<uint32_t, kNumShards + 1>& begin, const uint32_t* order,
+                           int64_t n, const Runner& runner, Fn&& fn, bool serial = false) {
     // The shards the batch touches, in order. Only they are split among the
     // threads: a batch concentrated in a few shards (a checkpoint's rows come
     // shard by shard) would otherwise fall into one thread's block of all
@@ -1242,24 +1299,24 @@ class CpuTable final : public Table {
     for (int s = 0; s < kNumShards; ++s) {
       if (begin[s] != begin[s + 1]) touched[count++] = static_cast<uint16_t>(s);
     }
+    std::mutex error_mu;
+    Status first_error;
     auto run = [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) {
-        const int s = touched[i];
-        const uint32_t b = begin[s], e = begin[s + 1];
-        // An exception must not escape a thread pool's worker.
-        const Status status =
-            GuardMemory([&] { return fn(s, shards_[s], order + b, static_cast<int64_t>(e - b)); });
-        if (!status.ok()) {
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (first_error.ok()) first_error = status;
-        }
+      if (first >= last) return;
+      const uint32_t b = begin[touched[first]], e = begin[touched[last - 1] + 1];
+      // An exception must not escape a thread pool's worker.
+      const Status status = GuardMemory(
+          [&] { return fn(touched.data() + first, last - first, order + b, static_cast<int64_t>(e - b)); });
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (first_error.ok()) first_error = status;
       }
     };
     if (serial || n < kParallelMinKeys || count <= 1) {
       run(0, count);
     } else {
-      const int64_t keys_per_shard = n / count + 1;
-      runner.ParallelFor(count, keys_per_shard * 200, run);
+      // The thread pool hands `run` ranges of touched shards: each is a block.
+      runner.ParallelFor(count, (n / count + 1) * 200, run);
     }
     return first_error;
   }
@@ -1750,14 +1807,26 @@ class CpuTable final : public Table {
   template <typename Ahead, typename Visit>
   void PipelinedLoop(const Shard& shard, const uint64_t* hashes, const uint32_t* idx,
                      int64_t count, Ahead&& ahead, Visit&& visit) const {
+    PipelinedLoopAt([&](uint32_t) -> const Shard& { return shard; }, hashes, idx, count,
+                    std::forward<Ahead>(ahead), std::forward<Visit>(visit));
+  }
+  // The same over keys of several shards: shard_at(i) is batch index i's
+  // shard, whose lock the caller holds for the whole loop.
+  template <typename ShardAt, typename Ahead, typename Visit>
+  void PipelinedLoopAt(ShardAt&& shard_at, const uint64_t* hashes, const uint32_t* idx,
+                       int64_t count, Ahead&& ahead, Visit&& visit) const {
     constexpr int64_t D = kPrefetchDistance;
     uint32_t candidates[D];
     for (int64_t t = 0; t < count + 2 * D; ++t) {
-      if (t < count) __builtin_prefetch(&shard.slots[SlotHash(hashes[idx[t]]) & shard.mask()]);
+      if (t < count) {
+        const Shard& shard = shard_at(idx[t]);
+        __builtin_prefetch(&shard.slots[SlotHash(hashes[idx[t]]) & shard.mask()]);
+      }
       const int64_t c = t - 2 * D;
       if (c >= 0) visit(c, candidates[c % D]);
       const int64_t b = t - D;
       if (b >= 0 && b < count) {
+        const Shard& shard = shard_at(idx[b]);
         const uint32_t row = CandidateRow(shard, hashes[idx[b]]);
         candidates[b % D] = row;
         if (row != RowSlab::kInvalidRow) PrefetchSpan<0>(shard.rows.Row(row), stride_);
@@ -1783,15 +1852,19 @@ class CpuTable final : public Table {
     }
   }
 
-  void FindInShard(const Shard& shard, const uint64_t* hashes, const uint32_t* idx,
-                   int64_t count, const In* keys, char* out, bool* exists, const char* defaults,
-                   bool default_per_key, const ScoreContext* touch) const {
+  // Finds the keys idx[0..count) (shard_at(i): batch index i's shard, whose
+  // reader lock the caller holds) into `out` and `exists`.
+  template <typename ShardAt>
+  void FindKeys(ShardAt&& shard_at, const uint64_t* hashes, const uint32_t* idx,
+                int64_t count, const In* keys, char* out, bool* exists, const char* defaults,
+                bool default_per_key, const ScoreContext* touch) const {
     uint64_t misses = 0;
     const auto ahead = [&](int64_t b) {
       PrefetchSpan<1>(out + static_cast<size_t>(idx[b]) * value_bytes_, value_bytes_);
     };
-    PipelinedLoop(shard, hashes, idx, count, ahead, [&](int64_t p, uint32_t row) {
+    PipelinedLoopAt(shard_at, hashes, idx, count, ahead, [&](int64_t p, uint32_t row) {
       const uint32_t i = idx[p];
+      const Shard& shard = shard_at(i);
       if (row != RowSlab::kInvalidRow && !Traits::Equal(shard.rows.Row(row), keys[i])) {
         // Another key shares the 32 hash bits: take the exact path.
         row = SlotRow(shard.slots[FindPosition(shard, hashes[i], keys[i])]);
