@@ -26,6 +26,36 @@ namespace dynemb {
 namespace redis {
 namespace internal {
 
+// Keys given as their bytes in Redis (key_at(j), j < m), in the batch
+// representation of table.h: int32 / int64 arrays, or string_views.
+class BatchKeys {
+ public:
+  template <typename KeyAt>
+  BatchKeys(KeyType key_type, size_t m, KeyAt&& key_at) {
+    if (key_type == KeyType::kString) {
+      for (size_t j = 0; j < m; ++j) strings_.push_back(key_at(j));
+      data_ = strings_.data();
+    } else if (key_type == KeyType::kInt64) {
+      ints64_.resize(m);
+      for (size_t j = 0; j < m; ++j) std::memcpy(&ints64_[j], key_at(j).data(), 8);
+      data_ = ints64_.data();
+    } else {
+      ints32_.resize(m);
+      for (size_t j = 0; j < m; ++j) std::memcpy(&ints32_[j], key_at(j).data(), 4);
+      data_ = ints32_.data();
+    }
+  }
+  BatchKeys(const BatchKeys&) = delete;
+  BatchKeys& operator=(const BatchKeys&) = delete;
+  const void* data() const { return data_; }
+
+ private:
+  std::vector<std::string_view> strings_;
+  std::vector<int64_t> ints64_;
+  std::vector<int32_t> ints32_;
+  const void* data_ = nullptr;
+};
+
 class RedisTable final : public Table {
  public:
   RedisTable(const TableOptions& options, const RedisConfig& config, std::string embedding_name)

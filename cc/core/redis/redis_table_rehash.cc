@@ -16,20 +16,8 @@ namespace redis {
 namespace internal {
 
 int RedisTable::BucketOfBytes(std::string_view key) const {
-  switch (options_.key_type) {
-    case KeyType::kInt32: {
-      int32_t k;
-      std::memcpy(&k, key.data(), sizeof(k));
-      return BucketOf(&k, 0);
-    }
-    case KeyType::kInt64: {
-      int64_t k;
-      std::memcpy(&k, key.data(), sizeof(k));
-      return BucketOf(&k, 0);
-    }
-    default:
-      return BucketOf(&key, 0);
-  }
+  const BatchKeys one(options_.key_type, 1, [&](size_t) { return key; });
+  return BucketOf(one.data(), 0);
 }
 
 Status RedisTable::MoveFromImportLayout(const std::vector<std::pair<int, int>>& ranges) {

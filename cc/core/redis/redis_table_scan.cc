@@ -62,23 +62,8 @@ Status RedisTable::ExportChunks(int64_t chunk_rows, const ChunkSink& sink) {
         rows.reserve(m * value_bytes_);
         for (size_t j = begin; j < end; ++j) rows.append(r[j], value_bytes_);
         std::vector<uint64_t> scores(m, 0);
-        std::vector<std::string_view> strings;
-        std::vector<int64_t> ints64;
-        std::vector<int32_t> ints32;
-        const void* keys;
-        if (options_.key_type == KeyType::kString) {
-          strings.assign(k.begin() + begin, k.begin() + end);
-          keys = strings.data();
-        } else if (options_.key_type == KeyType::kInt64) {
-          ints64.resize(m);
-          for (size_t j = 0; j < m; ++j) std::memcpy(&ints64[j], k[begin + j].data(), 8);
-          keys = ints64.data();
-        } else {
-          ints32.resize(m);
-          for (size_t j = 0; j < m; ++j) std::memcpy(&ints32[j], k[begin + j].data(), 4);
-          keys = ints32.data();
-        }
-        DYNEMB_RETURN_IF_ERROR(sink(keys, static_cast<int64_t>(m), rows.data(), scores.data()));
+        const BatchKeys keys(options_.key_type, m, [&](size_t j) { return k[begin + j]; });
+        DYNEMB_RETURN_IF_ERROR(sink(keys.data(), static_cast<int64_t>(m), rows.data(), scores.data()));
       }
       return Status::Ok();
     }));
@@ -104,23 +89,9 @@ class RedisSnapshot final : public TableSnapshot {
     for (int64_t b = begin; b < end; b += chunk_rows) {
       const int64_t m = std::min(end, b + chunk_rows) - b;
       std::vector<uint64_t> scores(m, 0);
-      std::vector<std::string_view> strings;
-      std::vector<int64_t> ints64;
-      std::vector<int32_t> ints32;
-      const void* keys;
-      if (key_type_ == KeyType::kString) {
-        for (int64_t j = 0; j < m; ++j) strings.emplace_back(keys_[b + j]);
-        keys = strings.data();
-      } else if (key_type_ == KeyType::kInt64) {
-        ints64.resize(m);
-        for (int64_t j = 0; j < m; ++j) std::memcpy(&ints64[j], keys_[b + j].data(), 8);
-        keys = ints64.data();
-      } else {
-        ints32.resize(m);
-        for (int64_t j = 0; j < m; ++j) std::memcpy(&ints32[j], keys_[b + j].data(), 4);
-        keys = ints32.data();
-      }
-      DYNEMB_RETURN_IF_ERROR(sink(keys, m, rows_.data() + b * value_bytes_, scores.data()));
+      const BatchKeys keys(key_type_, static_cast<size_t>(m),
+                           [&](size_t j) { return std::string_view(keys_[b + j]); });
+      DYNEMB_RETURN_IF_ERROR(sink(keys.data(), m, rows_.data() + b * value_bytes_, scores.data()));
     }
     return Status::Ok();
   }
