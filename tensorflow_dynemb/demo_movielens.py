@@ -29,7 +29,7 @@ from typing import Dict, Tuple
 import numpy as np
 from tensorflow import keras
 
-from tensorflow_dynemb import demo
+from tensorflow_dynemb import demo, demo_data
 from tensorflow_dynemb.datasets import load_movielens_100k
 
 FEATURES = ("user_id", "movie_id")
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
     print("==> Reading MovieLens-100k ratings (fetched and cached on first use)")
     train, test = split(args)
     print(f"==> Training on {len(train[1]):,} ratings, evaluating on {len(test[1]):,} held-out ones")
-    specs = [demo.FeatureSpec(name, 0, zipf=0.0, effect_std=0.0) for name in FEATURES]
+    specs = [demo_data.FeatureSpec(name, 0, zipf=0.0, effect_std=0.0) for name in FEATURES]
     model = demo.build_model(specs, args.dim, args.seed)
     _compile(model, demo.make_optimizer(args.learning_rate))
     ours, ours_s = fit_and_score(model, train, test, args)
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
 
     labels = test[1]
     majority = max(labels.mean(), 1 - labels.mean())
-    auc = demo.roc_auc(labels, ours)
+    auc = demo_data.roc_auc(labels, ours)
     print("\n==> Summary")
     print(f"data          MovieLens-100k: {len(train[1]):,} training and {len(labels):,} held-out "
           f"ratings; liked (rating >= {LIKED}) {labels.mean():.1%} of the held-out ones")
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace, workdir: str, kept: bool) -> int:
         ("static vocabulary (IntegerLookup)", theirs, theirs_s),
     ):
         accuracy = float(np.mean((scores >= 0.5) == (labels >= 0.5)))
-        print(f"  {title:<36} {demo.roc_auc(labels, scores):>12.4f} {accuracy:>9.1%} {seconds:>6.1f}")
+        print(f"  {title:<36} {demo_data.roc_auc(labels, scores):>12.4f} {accuracy:>9.1%} {seconds:>6.1f}")
     print(f"  {'majority class (always liked)':<36} {0.5:>12.4f} {majority:>9.1%}")
     live = float(ours[index])
     for form, (prediction, error) in served.items():

@@ -1,5 +1,5 @@
-"""The demo (`python -m tensorflow_dynemb.demo`): its click-log generator, and one
-end-to-end run at a tiny size."""
+"""The demo (`python -m tensorflow_dynemb.demo`): its click-log generator (demo_data.py),
+and one end-to-end run at a tiny size."""
 
 import os
 import re
@@ -9,16 +9,16 @@ import sys
 import numpy as np
 import pytest
 
-from tensorflow_dynemb import demo
+from tensorflow_dynemb import demo, demo_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_generator_is_deterministic_per_seed():
-    specs = demo.feature_specs(len(demo.FEATURES), 100_000)
-    features, labels, probabilities = demo.generate_clicks(5_000, specs, seed=3)
-    again, labels_again, probabilities_again = demo.generate_clicks(5_000, specs, seed=3)
-    other, _, _ = demo.generate_clicks(5_000, specs, seed=4)
+    specs = demo_data.feature_specs(len(demo_data.FEATURES), 100_000)
+    features, labels, probabilities = demo_data.generate_clicks(5_000, specs, seed=3)
+    again, labels_again, probabilities_again = demo_data.generate_clicks(5_000, specs, seed=3)
+    other, _, _ = demo_data.generate_clicks(5_000, specs, seed=4)
 
     assert list(features) == [s.name for s in specs]
     for name, ids in features.items():
@@ -32,7 +32,7 @@ def test_generator_is_deterministic_per_seed():
 
 
 def test_ids_are_hash_like_and_frequencies_follow_a_power_law():
-    ranks = demo.sample_ranks(np.random.default_rng(0), 200_000, 1_000_000, zipf=1.1)
+    ranks = demo_data.sample_ranks(np.random.default_rng(0), 200_000, 1_000_000, zipf=1.1)
     assert 0 <= ranks.min() and ranks.max() < 1_000_000
     # Sorted counts against rank on log-log axes: a line of slope -zipf.
     counts = np.sort(np.bincount(ranks))[::-1]
@@ -44,7 +44,7 @@ def test_ids_are_hash_like_and_frequencies_follow_a_power_law():
     assert counts[: distinct // 100].sum() > 0.5 * len(ranks)
 
     # Ranks map to distinct, large, non-negative int64 ids.
-    ids = demo.ranks_to_ids(np.arange(100_000), seed=0, feature="user_id")
+    ids = demo_data.ranks_to_ids(np.arange(100_000), seed=0, feature="user_id")
     assert len(np.unique(ids)) == 100_000
     assert ids.min() >= 0 and np.median(ids) > 2**60
 
@@ -52,17 +52,17 @@ def test_ids_are_hash_like_and_frequencies_follow_a_power_law():
 def test_labels_are_learnable():
     """The true click probabilities separate clicks well (the ceiling of any model's
     AUC), and roc_auc agrees with a pairwise count."""
-    specs = demo.feature_specs(len(demo.FEATURES), demo.DEFAULT_VOCAB)
-    _, labels, probabilities = demo.generate_clicks(50_000, specs, seed=0)
+    specs = demo_data.feature_specs(len(demo_data.FEATURES), demo_data.DEFAULT_VOCAB)
+    _, labels, probabilities = demo_data.generate_clicks(50_000, specs, seed=0)
     assert 0.1 < labels.mean() < 0.4
-    assert 0.78 < demo.roc_auc(labels, probabilities) < 0.9
+    assert 0.78 < demo_data.roc_auc(labels, probabilities) < 0.9
 
     rng = np.random.default_rng(0)
     y = rng.random(300) < 0.3
     scores = np.round(rng.random(300), 1)  # many ties
     pos, neg = scores[y][:, None], scores[~y][None, :]
     pairwise = ((pos > neg).sum() + 0.5 * (pos == neg).sum()) / (pos.size * neg.size)
-    assert abs(demo.roc_auc(y, scores) - pairwise) < 1e-12
+    assert abs(demo_data.roc_auc(y, scores) - pairwise) < 1e-12
 
 
 QUIET_START = os.path.join(ROOT, "tensorflow_dynemb", "_quiet_start.py")

@@ -507,10 +507,10 @@ def test_static_export_of_a_keras_model(tmp_path):
 def test_static_export_of_the_demo_model_serves_without_our_ops(tmp_path):
     # The README demo's model: a functional Keras model over dict inputs of int64 ids,
     # one de.keras.layers.Embedding per feature, trained with model.fit.
-    from tensorflow_dynemb import demo
+    from tensorflow_dynemb import demo, demo_data
 
-    specs = demo.feature_specs(3, 2_000)
-    features, labels, _ = demo.generate_clicks(2_000, specs, seed=1)
+    specs = demo_data.feature_specs(3, 2_000)
+    features, labels, _ = demo_data.generate_clicks(2_000, specs, seed=1)
     train = {k: v[:1_800] for k, v in features.items()}
     held_out = {k: v[1_800:] for k, v in features.items()}
     assert any(not np.isin(ids, train[k]).all() for k, ids in held_out.items())

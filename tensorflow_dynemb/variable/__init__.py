@@ -1,7 +1,8 @@
 """`de.Variable` and what it is made of.
 
-- variable.py: `Variable` (creation, routing, per-key methods); content.py and
-  training_state.py: its whole-content and training halves; get_variable.py;
+- variable.py: `Variable` (creation, properties, size / clear / stats); routing.py,
+  content.py and training_state.py: its per-key methods (with the key routing),
+  whole-content and training parts; get_variable.py;
 - sharding.py: `default_partition_fn`, table creators, shard devices;
 - initializers.py: what missing keys read;
 - lookup.py, sparse_lookup.py: `embedding_lookup*` over a `Variable`;

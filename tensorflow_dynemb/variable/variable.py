@@ -1,7 +1,7 @@
 """`de.Variable`: a dynamic embedding sharded over devices, one hash table per device.
 
 A key's shard is `partitioner(keys, num_shards)` (`default_partition_fn`: a stable hash,
-the same on every machine and TF build). Every method routes keys with
+the same on every machine and TF build). Every per-key method routes keys with
 `tf.dynamic_partition`, calls the shard tables, and puts results back in key order
 with `tf.dynamic_stitch`; a batch keeps its order within each shard, so duplicate keys
 behave as in one table.
@@ -18,10 +18,12 @@ in the strategy's scope without `devices` is model-parallel (`worker_group`): wo
 slice: writes keep the keys this worker owns (so every worker may run the same one),
 reads see its own keys only.
 
-The class is split by concern: this module has creation, routing and the per-key
-methods; `VariableContent` (content.py) the whole content (export, files,
-checkpoints); `TrainingState` (training_state.py) the trainable views and the
-optimizer slots. `get_variable` is in get_variable.py.
+The class is split by concern: this module has creation, the properties and the
+whole-variable operations (`clear`, `size`, `stats`, `restrict`); `RoutedOps`
+(routing.py) the routing and the per-key methods (`lookup`, `upsert`, `accum`,
+`remove` and their evicting forms); `VariableContent` (content.py) the whole content
+(export, files, checkpoints); `TrainingState` (training_state.py) the trainable views
+and the optimizer slots. `get_variable` is in get_variable.py.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import re
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -37,25 +39,19 @@ from tensorflow_dynemb._convert import (
     KEY_DTYPES,
     VALUE_DTYPES,
     DTypeLike,
-    TensorLike,
     as_dtype,
     check_int,
-    convert,
-    flat_keyed,
-    flat_rows,
 )
 from tensorflow_dynemb.persistence.checkpoint import (
     Untracked,
     in_tf1_graph,
     register_for_tf1_saver,
-    writing_saved_model,
 )
 from tensorflow_dynemb.persistence.tf1_saver import TF1SaverHooks
-from tensorflow_dynemb import _export_context
 from tensorflow_dynemb.distribute import cluster as _cluster
-from tensorflow_dynemb.distribute import model_parallel as _model_parallel
 from tensorflow_dynemb.variable.content import VariableContent
 from tensorflow_dynemb.variable.initializers import make_row_initializer
+from tensorflow_dynemb.variable.routing import RoutedOps
 from tensorflow_dynemb.variable.sharding import (
     HashTableCreator,
     Partitioner,
@@ -92,7 +88,7 @@ def _check_devices(devices: Any) -> List[str]:
     return out
 
 
-class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
+class Variable(RoutedOps, VariableContent, TF1SaverHooks, TrainingState, tf.Module):
     """A dynamic embedding: keys of any value map to `[dim]` rows, sharded over devices.
 
     Missing keys read `initializer` rows and are not stored. One table (made by
@@ -339,228 +335,7 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         """Whether the shard tables evict (`de.HkvHashTableCreator`)."""
         return any(hasattr(table, "max_capacity") for table in self._tables)
 
-    # -- routing -------------------------------------------------------------------------
-
-    def _flat_keys(self, keys: TensorLike) -> tf.Tensor:
-        return tf.reshape(convert(keys, self._key_dtype, "keys"), [-1])
-
-    def _flat_rows(self, keys: tf.Tensor, values: TensorLike, arg: str) -> tf.Tensor:
-        """`values` converted and checked to be `keys.shape + [dim]`, as `[n, dim]`."""
-        return flat_rows(keys, values, self._dim, self._value_dtype, arg)
-
-    def _shard_ids(self, flat_keys: tf.Tensor) -> tf.Tensor:
-        ids = self._partition_fn(flat_keys, self.shard_num)
-        ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            raise TypeError(
-                f"`partitioner` must return integer shard ids, got dtype {ids.dtype.name}."
-            )
-        return tf.cast(ids, tf.int32) if ids.dtype != tf.int32 else ids
-
-    def _route(self, flat_keys: tf.Tensor, *tensors: tf.Tensor):
-        """Per shard: `(keys, *tensors)` of the keys routed there, in batch order, and
-        the positions of those keys in the batch (for `dynamic_stitch`).
-
-        A shard id outside `[0, num_shards)` fails in `tf.dynamic_partition` with an
-        InvalidArgumentError before any table is touched.
-        """
-        n = self.shard_num
-        if n == 1:
-            return [(flat_keys, *tensors)], None
-        ids = self._shard_ids(flat_keys)
-        parts = [tf.dynamic_partition(t, ids, n) for t in (flat_keys, *tensors)]
-        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), ids, n)
-        return [tuple(p[i] for p in parts) for i in range(n)], positions
-
-    @staticmethod
-    def _group(ops: List[Any]):
-        return None if tf.executing_eagerly() else tf.group(*[op for op in ops if op is not None])
-
-    # -- methods -------------------------------------------------------------------------
-
-    def lookup(self, keys: TensorLike, return_exists: bool = False, name: Optional[str] = None):
-        """Rows of `keys`; missing keys read the initializer (and are not stored).
-
-        Args:
-          keys: keys of any shape, of `key_dtype`.
-          return_exists: also return a bool tensor of `keys.shape`.
-          name: a name for the operation.
-
-        Returns:
-          `values` of shape `keys.shape + [dim]`, or `(values, exists)`.
-
-        Raises:
-          TypeError: `keys` of another dtype.
-          tf.errors.InvalidArgumentError: the partitioner returned an id out of range.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_lookup"):
-            keys = convert(keys, self._key_dtype, "keys")
-            flat = tf.reshape(keys, [-1])
-            stand_in = _export_context.frozen(self)
-            if stand_in is not None:  # a static export: stock ops in place of the shards
-                values, exists = stand_in.find(flat)
-            elif self._exchanges():
-                values, exists = _model_parallel.exchange_find(self, flat)
-            else:
-                values, exists = self._find(flat)
-            out_shape = tf.concat([tf.shape(keys), [self._dim]], 0)
-            values = tf.reshape(values, out_shape)
-            values.set_shape(keys.shape.concatenate([self._dim]))
-            if not return_exists:
-                return values
-            exists = tf.reshape(exists, tf.shape(keys))
-            exists.set_shape(keys.shape)
-            return values, exists
-
-    def _exchanges(self) -> bool:
-        """Whether lookups built now ask the owners: a model-parallel variable inside
-        `strategy.run` of its strategy (every worker runs the same step)."""
-        group = self.worker_group
-        return group is not None and _cluster.in_replica_context_of(group)
-
-    def _owned(self, flat_keys: tf.Tensor, *tensors: tf.Tensor):
-        """`(flat_keys, *tensors)` restricted to the keys this worker owns, for a
-        model-parallel variable (the others belong in other workers' slices); as they
-        are otherwise. Not while a SavedModel is written: the restore function it
-        traces serves loaded, single-process copies, which hold every key."""
-        if self.worker_group is None or writing_saved_model():
-            return (flat_keys, *tensors)
-        _model_parallel._check_keys(self)
-        mine = tf.equal(_model_parallel.destinations(self, flat_keys), self.worker_group.rank)
-        return tuple(tf.boolean_mask(t, mine) for t in (flat_keys, *tensors))
-
-    def _find(self, flat: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-        """`([n, dim] rows, [n] exists)` of the 1-D keys `flat`, missing keys reading
-        the initializer."""
-        shards, positions = self._route(flat)
-        found = []
-        for table, (shard_keys,) in zip(self._tables, shards):
-            found.append(table.lookup(shard_keys, return_exists=True))
-        if positions is None:
-            values, exists = found[0]
-        else:
-            values = tf.dynamic_stitch(positions, [v for v, _ in found])
-            exists = tf.dynamic_stitch(positions, [e for _, e in found])
-        if self._initializer.per_key:
-            values = self._initializer.fill(values, exists, flat)
-        return values, exists
-
-    def upsert(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
-        """Inserts or overwrites `keys` with `values` (`keys.shape + [dim]`).
-
-        Returns:
-          The operation (None when executing eagerly).
-
-        Raises:
-          TypeError: `keys` or `values` of another dtype.
-          tf.errors.InvalidArgumentError / ValueError: `values` of the wrong shape
-            ("Expected shape"), or a partitioner id out of range.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_upsert"):
-            keys = convert(keys, self._key_dtype, "keys")
-            rows = self._flat_rows(keys, values, "values")
-            shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), rows))
-            return self._group(
-                [table.insert(k, v) for table, (k, v) in zip(self._tables, shards)]
-            )
-
-    def accum(
-        self,
-        keys: TensorLike,
-        old_values: TensorLike,
-        new_values: TensorLike,
-        exists: TensorLike,
-        name: Optional[str] = None,
-    ):
-        """Adds `new_values - old_values` to keys that `exists`, inserts `new_values`
-        for keys that do not (see the table's `accum` for races).
-
-        Returns:
-          The operation (None when executing eagerly).
-
-        Raises:
-          TypeError: an argument of another dtype.
-          tf.errors.InvalidArgumentError / ValueError: a shape mismatch ("Expected shape").
-        """
-        with tf.name_scope(name or f"{self._unique_name}_accum"):
-            shards = self._accum_shards(keys, old_values, new_values, exists)
-            return self._group(
-                [table.accum(k, d, e) for table, (k, d, e) in zip(self._tables, shards)]
-            )
-
-    def accum_and_evict(
-        self,
-        keys: TensorLike,
-        old_values: TensorLike,
-        new_values: TensorLike,
-        exists: TensorLike,
-        name: Optional[str] = None,
-    ):
-        """`accum`, returning the entries that bounded shard tables evicted to stay
-        within their capacity (see `HkvHashTable.accum_and_evict`); empty for
-        unbounded tables.
-
-        Returns:
-          `(evicted_keys [m], evicted_values [m, dim], evicted_scores int64 [m])`.
-
-        Raises:
-          The same errors as `accum`.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_accum_and_evict"):
-            shards = self._accum_shards(keys, old_values, new_values, exists)
-            return self._concat_shards(
-                [table.accum_and_evict(k, d, e) for table, (k, d, e) in zip(self._tables, shards)]
-            )
-
-    def _accum_shards(
-        self, keys: TensorLike, old_values: TensorLike, new_values: TensorLike, exists: TensorLike
-    ) -> List[Tuple[tf.Tensor, ...]]:
-        """The (keys, deltas, exists) of `accum` routed to each shard table."""
-        keys = convert(keys, self._key_dtype, "keys")
-        old = self._flat_rows(keys, old_values, "old_values")
-        new = self._flat_rows(keys, new_values, "new_values")
-        # Checked before the flattening hides a [3, 1] `exists` for [3] keys.
-        flat_exists = flat_keyed(keys, exists, tf.bool, "exists")
-        if self._value_dtype == tf.bool:
-            deltas = new  # bool "+=" is a logical or
-        else:
-            deltas = tf.where(flat_exists[:, tf.newaxis], new - old, new)
-        shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), deltas, flat_exists))
-        return shards
-
-    def remove(self, keys: TensorLike, name: Optional[str] = None):
-        """Removes `keys` (any shape); absent keys are ignored.
-
-        Returns:
-          The operation (None when executing eagerly).
-        """
-        with tf.name_scope(name or f"{self._unique_name}_remove"):
-            shards, _ = self._route(self._flat_keys(keys))
-            return self._group([table.remove(k) for table, (k,) in zip(self._tables, shards)])
-
-    def insert_and_evict(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
-        """`upsert`, returning the entries that bounded shard tables evicted to stay
-        within their capacity (see `HkvHashTable.insert_and_evict`); empty for
-        unbounded tables.
-
-        Returns:
-          `(evicted_keys [m], evicted_values [m, dim], evicted_scores int64 [m])`.
-        """
-        with tf.name_scope(name or f"{self._unique_name}_insert_and_evict"):
-            keys = convert(keys, self._key_dtype, "keys")
-            rows = self._flat_rows(keys, values, "values")
-            shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), rows))
-            return self._concat_shards(
-                [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
-            )
-
-    @staticmethod
-    def _concat_shards(parts: List[Tuple[tf.Tensor, ...]]) -> Tuple[tf.Tensor, ...]:
-        """Per-shard tuples of tensors (what each shard table exported or evicted) as one
-        tuple, each tensor concatenated over the shards."""
-        if len(parts) == 1:
-            return tuple(parts[0])
-        return tuple(tf.concat([p[i] for p in parts], 0) for i in range(len(parts[0])))
+    # -- the whole variable --------------------------------------------------------------
 
     def clear(self, name: Optional[str] = None):
         """Removes every key from every shard.
@@ -650,6 +425,7 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
         if self._restrict_policy is None:
             return None
         return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
+
     def __repr__(self) -> str:
         return (
             f"<de.Variable name={self.name!r} key_dtype={self._key_dtype.name} "
@@ -661,4 +437,3 @@ class Variable(VariableContent, TF1SaverHooks, TrainingState, tf.Module):
             )
             + ">"
         )
-
