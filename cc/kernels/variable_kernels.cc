@@ -7,6 +7,7 @@
 
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
+#include "cc/kernels/keyed_random_attrs.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -52,51 +53,13 @@ class PartitionOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& keys = ctx->input(0);
-    const Tensor& num_shards_t = ctx->input(1);
-    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(num_shards_t.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "num_shards must be a scalar, got shape ", num_shards_t.shape().DebugString())));
-    const int32_t num_shards = num_shards_t.scalar<int32_t>()();
-    OP_REQUIRES(ctx, num_shards >= 1,
-                absl::InvalidArgumentError(
-                    absl::StrCat("num_shards must be >= 1, got ", num_shards)));
+    int32_t num_shards = 0;
+    OP_REQUIRES_OK(ctx, ReadNumShards(ctx->input(1), &num_shards));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &out));
     int32_t* shards = out->flat<int32_t>().data();
     ForEachKey<K>(ctx, keys, 20, [&](auto key, int64_t i) { shards[i] = ShardOfKey(key, num_shards); });
   }
-};
-
-// The attrs of the keyed-random ops: a key's row depends only on them and the key.
-class KeyedRandomAttrs {
- public:
-  explicit KeyedRandomAttrs(OpKernelConstruction* ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
-    OP_REQUIRES_OK(ctx, ToTfStatus(CheckDim(dim_)));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
-    std::string distribution;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("distribution", &distribution));
-    dist_ = distribution == "uniform"  ? KeyedDistribution::kUniform
-            : distribution == "normal" ? KeyedDistribution::kNormal
-                                       : KeyedDistribution::kTruncatedNormal;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("a", &a_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("b", &b_));
-  }
-
-  int64_t dim() const { return dim_; }
-
-  // Draws `key`'s row into row[0 .. dim).
-  template <typename T, typename Key>
-  void Draw(Key key, T* row) const {
-    KeyedRandomRow(static_cast<uint64_t>(seed_), StableKeyHash(key), dim_, dist_, a_, b_, row);
-  }
-
- private:
-  int64_t dim_ = 0;
-  int64_t seed_ = 0;
-  KeyedDistribution dist_ = KeyedDistribution::kNormal;
-  float a_ = 0;
-  float b_ = 0;
 };
 
 template <typename K, typename T>
@@ -132,16 +95,8 @@ class KeyedRandomFillOp : public OpKernel {
     const Tensor& exists = ctx->input(1);
     const Tensor& keys = ctx->input(2);
     const int64_t dim = attrs_.dim();
-    TensorShape shape = keys.shape();
-    OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(dim));
-    OP_REQUIRES(ctx, values.shape() == shape,
-                absl::InvalidArgumentError(absl::StrCat("Expected shape ", shape.DebugString(),
-                                                        " for values, got ",
-                                                        values.shape().DebugString())));
-    OP_REQUIRES(ctx, exists.shape() == keys.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "Expected shape ", keys.shape().DebugString(), " for exists, got ",
-                    exists.shape().DebugString())));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, CheckFillShapes(values, exists, keys, dim, &shape));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, shape, &out));
     T* rows = out->flat<T>().data();
@@ -158,38 +113,12 @@ class KeyedRandomFillOp : public OpKernel {
   KeyedRandomAttrs attrs_;
 };
 
-#define DYNEMB_REGISTER_KEYED(K)                                                       \
-  REGISTER_KERNEL_BUILDER(Name("DynembPartition")                                      \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<K>("Tkey")                               \
-                              .HostMemory("num_shards"),                               \
-                          PartitionOp<K>);                                             \
-  REGISTER_KERNEL_BUILDER(Name("DynembKeyedRandom")                                    \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<K>("Tkey")                               \
-                              .TypeConstraint<float>("dtype"),                         \
-                          (KeyedRandomOp<K, float>));                                  \
-  REGISTER_KERNEL_BUILDER(Name("DynembKeyedRandom")                                    \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<K>("Tkey")                               \
-                              .TypeConstraint<double>("dtype"),                        \
-                          (KeyedRandomOp<K, double>));                                 \
-  REGISTER_KERNEL_BUILDER(Name("DynembKeyedRandomFill")                                \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<K>("Tkey")                               \
-                              .TypeConstraint<float>("dtype"),                         \
-                          (KeyedRandomFillOp<K, float>));                              \
-  REGISTER_KERNEL_BUILDER(Name("DynembKeyedRandomFill")                                \
-                              .Device(tensorflow::DEVICE_CPU)                          \
-                              .TypeConstraint<K>("Tkey")                               \
-                              .TypeConstraint<double>("dtype"),                        \
-                          (KeyedRandomFillOp<K, double>));
-
-DYNEMB_REGISTER_KEYED(int32_t)
-DYNEMB_REGISTER_KEYED(int64_t)
-DYNEMB_REGISTER_KEYED(tensorflow::tstring)
-
-#undef DYNEMB_REGISTER_KEYED
+DYNEMB_REGISTER_KEYED_OPS(tensorflow::DEVICE_CPU, int32_t, PartitionOp, KeyedRandomOp,
+                          KeyedRandomFillOp)
+DYNEMB_REGISTER_KEYED_OPS(tensorflow::DEVICE_CPU, int64_t, PartitionOp, KeyedRandomOp,
+                          KeyedRandomFillOp)
+DYNEMB_REGISTER_KEYED_OPS(tensorflow::DEVICE_CPU, tensorflow::tstring, PartitionOp, KeyedRandomOp,
+                          KeyedRandomFillOp)
 
 }  // namespace
 }  // namespace dynemb

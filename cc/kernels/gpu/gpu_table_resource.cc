@@ -97,6 +97,8 @@ class TfGpuRunner final : public GpuRunner {
   TfScratch scratch_;
 };
 
+}  // namespace
+
 // The op's CUDA stream: the compute stream of the op's device.
 // (se::Stream::platform_specific_handle() is the CUstream in every TF from
 // 2.16 to 2.21; a non-virtual exported function in 2.16, virtual since.)
@@ -113,6 +115,8 @@ absl::Status TfStream(OpKernelContext* ctx, cudaStream_t* stream) {
   *stream = static_cast<cudaStream_t>(handle);
   return absl::OkStatus();
 }
+
+namespace {
 
 class GpuTableResource final : public TableResource {
  public:

@@ -18,6 +18,8 @@
 #ifndef DYNEMB_KERNELS_GPU_GPU_TABLE_RESOURCE_H_
 #define DYNEMB_KERNELS_GPU_GPU_TABLE_RESOURCE_H_
 
+#include <cuda_runtime_api.h>
+
 #include "cc/core/table.h"
 #include "cc/kernels/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -33,6 +35,11 @@ namespace dynemb {
 absl::Status NewGpuTableResource(tensorflow::OpKernelContext* ctx, const TableOptions& options,
                                  tensorflow::DataType key_dtype, tensorflow::DataType value_dtype,
                                  const tensorflow::TensorShape& value_shape, TableResource** out);
+
+// The op's CUDA stream: the compute stream of ctx's device, on which every
+// GPU kernel of this library queues its work. Errors: an op device without a
+// stream.
+absl::Status TfStream(tensorflow::OpKernelContext* ctx, cudaStream_t* stream);
 
 }  // namespace dynemb
 
