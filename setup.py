@@ -300,7 +300,9 @@ def make_extensions() -> list[Extension]:
         gpu = Pybind11Extension(
             GPU_EXT,
             sources=core + _glob("cc/core/gpu/*.cc") + _glob("cc/bindings_gpu/*.cc"),
-            include_dirs=[HERE],
+            # The CUDA runtime API's headers: cc/bindings_gpu/keyed_bindings.cc stages
+            # arrays through device memory itself.
+            include_dirs=[HERE, os.path.join(cuda_home(), "include")],
             depends=header_files() + _glob("cc/**/*.cuh"),
             cxx_std=17,
             extra_compile_args=list(COMMON_CXX_FLAGS),
@@ -784,7 +786,8 @@ class BuildExt(_build_ext):
         nvcc = os.path.join(home, "bin", "nvcc")
         if not os.path.isfile(nvcc):
             nvcc = shutil.which("nvcc") or nvcc
-        base = [nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", *nvcc_arch_flags(), f"-I{HERE}",
+        # -fmad=false: the GPU rules equal the CPU's bit for bit (tests/core_gpu_ext.py).
+        base = [nvcc, "-std=c++17", "-O3", "-fmad=false", "-Xcompiler", "-fPIC", *nvcc_arch_flags(), f"-I{HERE}",
                 *extra_flags]
         key = json.dumps(base)
         obj_dir = os.path.join(OBJ_ROOT, f"{ext.name}.cuda-{hashlib.sha256(key.encode()).hexdigest()[:12]}")

@@ -37,7 +37,9 @@ MODULE_NAME = "tensorflow_dynemb._core_gpu"
 NVCC_ARCH_FLAGS = ("-gencode", "arch=compute_80,code=sm_80",
                    "-gencode", "arch=compute_90,code=sm_90",
                    "-gencode", "arch=compute_90,code=compute_90")
-NVCC_FLAGS = ("-std=c++17", "-O3", "-Xcompiler", "-fPIC")
+# -fmad=false: no contraction of a * b + c into one rounding, so the rules
+# (update_rules.h) and keyed random rows (partition.h) equal the CPU's bit for bit.
+NVCC_FLAGS = ("-std=c++17", "-O3", "-fmad=false", "-Xcompiler", "-fPIC")
 
 _module: ModuleType | None = None
 
@@ -80,7 +82,7 @@ def gpu_sources() -> list[Path]:
     """Everything linked into `_core_gpu`."""
     return (core_ext.core_sources() + sorted(REPO.glob("cc/core/gpu/*.cc"))
             + sorted(REPO.glob("cc/core/gpu/*.cu"))
-            + [REPO / "cc/bindings_gpu/core_gpu_module.cc"])
+            + sorted(REPO.glob("cc/bindings_gpu/*.cc")))
 
 
 def _inputs() -> list[Path]:
@@ -142,6 +144,17 @@ def load_core_gpu() -> ModuleType:
     if not ok:
         pytest.skip(f"no usable GPU: {reason}")
     return _module
+
+
+def load_core_gpu_or_exit(script: str) -> ModuleType:
+    """load_core_gpu() for a benchmark script: exits naming the reason where a test
+    would skip."""
+    try:
+        return load_core_gpu()
+    except BaseException as e:  # pytest.skip outside pytest: report the reason
+        if type(e).__name__ == "Skipped":
+            sys.exit(f"{script}: cannot run: {e}")
+        raise
 
 
 if __name__ == "__main__":  # builds (if needed) and prints the path: python tests/core_gpu_ext.py

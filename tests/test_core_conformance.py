@@ -809,3 +809,53 @@ def test_empty_batches_and_empty_table(core):
         k, v, s = t.export()
         assert len(k) == 0 and v.shape == (0, 5) and s.shape == (0,)
         assert t.size() == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_apply_rule_keras_adam_in_batch_order(core, dtype):
+    """apply_rule (Table::ApplyRule): a new key's state starts from `initial`, duplicate
+    keys apply in batch order each from its own parameter row, and the arithmetic is the
+    rule's, operation by operation (NumPy's IEEE ops in the same order)."""
+    dim = 5
+    t = core.Table("int64", dtype, 2 * dim)
+    rng = np.random.default_rng(4)
+    initial = rng.uniform(0, 0.1, 2 * dim).astype(dtype)
+    c = np.array([0.01, 0.1, 0.001, 1e-7], dtype)
+    state = {}
+    for _ in range(3):
+        keys = rng.integers(0, 6, size=9)
+        rows = rng.standard_normal((9, dim)).astype(dtype)
+        grads = rng.standard_normal((9, dim)).astype(dtype)
+        want = np.empty_like(rows)
+        for i, k in enumerate(keys.tolist()):
+            m, v = np.split(state.get(k, initial).copy(), 2)
+            g = grads[i]
+            m = m + (g - m) * c[1]
+            v = v + (g * g - v) * c[2]
+            want[i] = rows[i] - (m * c[0]) / (np.sqrt(v) + c[3])
+            state[k] = np.concatenate([m, v])
+        got = t.apply_rule(keys, "keras_adam", rows, grads, initial, c)
+        assert got.tobytes() == want.tobytes()
+    found, exists = t.find(np.array(sorted(state), np.int64))
+    assert exists.all() and t.size() == len(state)
+    assert found.tobytes() == np.stack([state[k] for k in sorted(state)]).tobytes()
+
+
+def test_apply_rule_argument_errors(core):
+    t = core.Table("int64", "float32", 8)
+    rows = np.zeros((2, 4), np.float32)
+    ok = dict(initial=np.zeros(8, np.float32), coefficients=np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="rule: expected .* got 'adamm'"):
+        t.apply_rule([1, 2], "adamm", rows, rows, **ok)
+    with pytest.raises(ValueError, match=r"grads: Expected shape .*got \(2, 3\)"):
+        t.apply_rule([1, 2], "keras_adam", rows, np.zeros((2, 3), np.float32), **ok)
+    with pytest.raises(ValueError, match=r"initial: Expected shape \(8,\)"):
+        t.apply_rule([1, 2], "keras_adam", rows, rows, np.zeros(4, np.float32), ok["coefficients"])
+    with pytest.raises(ValueError, match=r"coefficients: Expected shape \(6,\)"):
+        t.apply_rule([1, 2], "keras_adam", rows, rows, ok["initial"], np.ones(4, np.float32),
+                     weight_decay=True)
+    with pytest.raises(ValueError, match="keeps 3 slots"):
+        t.apply_rule([1, 2], "keras_adam_amsgrad", rows, rows, **ok)
+    with pytest.raises(TypeError, match="rows: expected an array of dtype float32"):
+        t.apply_rule([1, 2], "keras_adam", rows.astype(np.float64), rows, **ok)
+    assert t.size() == 0  # nothing applied

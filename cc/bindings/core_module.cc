@@ -42,6 +42,7 @@
 
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
+#include "cc/core/update_rules.h"
 
 namespace py = pybind11;
 
@@ -693,6 +694,57 @@ class PyTable {
     return sink.Result();
   }
 
+  // One optimizer step on a slot-state table (Table::ApplyRule); returns the
+  // new parameter rows [n, dim / slots].
+  py::array ApplyRule(const py::handle& keys_obj, const std::string& rule_name,
+                      const py::handle& rows_obj, const py::handle& grads_obj,
+                      const py::handle& initial_obj, const py::handle& coefficients_obj,
+                      bool weight_decay) {
+    RuleStep step;
+    if (!ParseUpdateRule(rule_name, &step.rule)) {
+      throw py::value_error("rule: expected a rule name of cc/core/update_rules.h (e.g. "
+                            "'keras_adam'), got '" + rule_name + "'");
+    }
+    const int slots = UpdateRuleSlots(step.rule);
+    if (options().dim % slots != 0) {
+      throw py::value_error("rule: " + rule_name + " keeps " + std::to_string(slots) +
+                            " slots per key, which the table's dim " +
+                            std::to_string(options().dim) + " cannot hold");
+    }
+    step.dim = options().dim / slots;
+    step.weight_decay = weight_decay;
+    KeyBatch keys = ToKeyBatch(options(), keys_obj);
+    py::array rows = ToValueArray(options(), rows_obj, "rows");
+    CheckRowsShape(rows, keys, step.dim, "rows");
+    py::array grads = ToValueArray(options(), grads_obj, "grads");
+    CheckRowsShape(grads, keys, step.dim, "grads");
+    py::array initial = ToValueArray(options(), initial_obj, "initial");
+    if (ShapeOf(initial) != std::vector<py::ssize_t>{static_cast<py::ssize_t>(options().dim)}) {
+      throw py::value_error("initial: Expected shape " +
+                            ShapeString({static_cast<py::ssize_t>(options().dim)}) +
+                            " (one state row), got " + ShapeString(ShapeOf(initial)));
+    }
+    py::array coefficients = ToValueArray(options(), coefficients_obj, "coefficients");
+    const py::ssize_t wanted = UpdateRuleCoefficients(step.rule) + (weight_decay ? 2 : 0);
+    if (ShapeOf(coefficients) != std::vector<py::ssize_t>{wanted}) {
+      throw py::value_error("coefficients: Expected shape " + ShapeString({wanted}) + " for " +
+                            rule_name + (weight_decay ? " with weight decay" : "") + ", got " +
+                            ShapeString(ShapeOf(coefficients)));
+    }
+    py::array new_rows(ValueDtype(options().value_type), RowsShape(keys, step.dim));
+    step.coefficients = coefficients.data();
+    step.rows = rows.data();
+    step.grads = grads.data();
+    step.new_rows = new_rows.mutable_data();
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = table_->ApplyRule(keys.data(), keys.n, initial.data(), step, *runner_);
+    }
+    ThrowIfError(status);
+    return new_rows;
+  }
+
   void Remove(const py::handle& keys_obj) {
     KeyBatch keys = ToKeyBatch(options(), keys_obj);
     Status status;
@@ -708,9 +760,17 @@ class PyTable {
     table_->Clear();
   }
 
+  // CheckedSize: a table that counts lazily (the GPU table's pending counts)
+  // or remotely (Redis) reports a failure rather than a stale size.
   int64_t Size() const {
-    py::gil_scoped_release release;
-    return table_->Size();
+    int64_t size = 0;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = table_->CheckedSize(&size);
+    }
+    ThrowIfError(status);
+    return size;
   }
   int64_t Capacity() const {
     py::gil_scoped_release release;
@@ -997,6 +1057,12 @@ Every method releases the GIL while the core runs; the table is thread-safe.
            "insert_and_evict does: (keys [m], values [m, dim], scores uint64 [m]), "
            "m <= len(keys), in unspecified order; a new key turned away is reported "
            "with its delta.")
+      .def("apply_rule", &PyTable::ApplyRule, py::arg("keys"), py::arg("rule"), py::arg("rows"),
+           py::arg("grads"), py::arg("initial"), py::arg("coefficients"),
+           py::arg("weight_decay") = false,
+           "One optimizer step on a slot-state table (cc/core/update_rules.h): per key, its "
+           "state row (initial for a new key, then inserted) is updated by `rule` from rows[i] "
+           "and grads[i] ([n, dim / slots]); returns the new parameter rows.")
       .def("remove", &PyTable::Remove, py::arg("keys"), "Removes keys; absent keys are ignored.")
       .def("clear", &PyTable::Clear, "Removes every key.")
       .def("mark", &PyTable::Mark,

@@ -99,8 +99,10 @@ class FindOp final : public TableOpKernel {
   bool update_scores_ = true;
 };
 
-// One optimizer step on a slot-state table (Table::ApplyRule). CPU only: GPU
-// tables do not implement ApplyRule, and the Python layer does not ask them.
+// One optimizer step on a slot-state table (Table::ApplyRule). Registered on
+// the GPU too (the GPU table's ApplyRule equals the CPU's bit for bit), but
+// the Python layer asks only CPU tables until it has run under TF on a GPU
+// (variable/training_state.py, docs/gpu.md).
 class ApplyRuleOp final : public TableOpKernel {
  public:
   explicit ApplyRuleOp(tensorflow::OpKernelConstruction* ctx);

@@ -22,7 +22,8 @@ class TrainingState:
     def _can_apply_rules(self) -> bool:
         """Whether `_apply_rule` works here: unbounded shard tables on CPUs, one initial
         row for every key. What a slot state (training/slots.py) is, unless its parameter's
-        shards are on GPUs (whose tables have no fused update yet)."""
+        shards are on GPUs: the GPU kernel exists (bit-equal to the CPU rule in the core's
+        tests) but has not yet run under TensorFlow on a GPU (docs/gpu.md)."""
         return (
             not self.bounded
             and not self._initializer.per_key

@@ -12,9 +12,11 @@
 
 #include <cstdint>
 
+#include "cc/core/gpu/batch_set.cuh"
 #include "cc/core/gpu/device_table.cuh"
 #include "cc/core/gpu/eviction_plan.h"
 #include "cc/core/score_rule.h"
+#include "cc/core/update_rules.h"
 
 namespace dynemb {
 namespace gpu {
@@ -120,6 +122,19 @@ enum class ApplyMode : int {
   kAbsentOnly = 2,   // keys absent now
 };
 
+// Distinct key u of a grouped batch, looked up by one thread: its rows
+// [*b, *e), the key, its hash and its slot (kNoSlot: absent).
+template <typename K>
+__device__ __forceinline__ void LookUpGroupedKey(const DeviceTable<K>& t,
+                                                 const GroupedBatch<K>& batch, uint64_t u,
+                                                 uint32_t* b, uint32_t* e, K* key,
+                                                 uint64_t* hash, uint64_t* slot) {
+  batch.Segment(static_cast<uint32_t>(u), b, e);
+  *key = batch.sorted_keys[*b];
+  *hash = HashKey(*key);
+  *slot = ThreadFind(t, *key, *hash);
+}
+
 // Whether a pass in `mode` leaves a key alone, given whether it is present.
 __device__ __forceinline__ bool PassSkips(ApplyMode mode, bool present) {
   return present ? mode == ApplyMode::kAbsentOnly : mode == ApplyMode::kPresentOnly;
@@ -155,27 +170,26 @@ __device__ uint64_t ClaimNewKey(const DeviceTable<K>& t, K key, uint64_t hash, i
   return slot;
 }
 
-// What insert rows [b, e) of one distinct key, present at `slot` (or absent:
-// kNoSlot), leave: sequentially the last row's values win and the score folds
-// over every row, so the key's final score and last row are all a write
-// needs. One thread's work (each lane folds its own key).
+// The score `rows` insert rows of one distinct key, present at `slot` (or
+// absent: kNoSlot), leave, the last of them being row `last`: sequentially
+// an explicit score is the last row's, and a rule's score folds over every
+// row. With the last row's values, that is all a write of the key needs. One
+// thread's work (each lane folds its own key).
 template <typename K>
-__device__ void FoldInsertRows(const DeviceTable<K>& t, const GroupedBatch<K>& batch,
-                               const WriteArgs& a, uint64_t slot, uint32_t b, uint32_t e,
-                               uint64_t* score, uint32_t* last) {
+__device__ uint64_t FoldInsertScore(const DeviceTable<K>& t, const WriteArgs& a, uint64_t slot,
+                                    uint32_t last, uint32_t rows) {
+  if (a.scores != nullptr) return a.scores[last];
   bool seen = slot != kNoSlot;
   uint64_t folded = seen ? t.scores[slot] : 0;
-  for (uint32_t j = b; j < e; ++j) {
-    const uint32_t p = batch.sorted_pos[j];
-    folded = a.scores != nullptr ? a.scores[p] : a.rule.Score(seen, folded);
+  for (uint32_t r = 0; r < rows; ++r) {
+    folded = a.rule.Score(seen, folded);
     seen = true;
   }
-  *score = folded;
-  *last = batch.sorted_pos[e - 1];
+  return folded;
 }
 
 // Writes the result of insert rows [b, e) of one distinct key, folded by
-// FoldInsertRows: `score` and the age of row `last`, into `slot` (or a slot
+// FoldInsertScore: `score` and the age of row `last`, into `slot` (or a slot
 // claimed for the key when absent: kNoSlot). Returns the slot, whose value
 // row the caller then copies from row `last` (rows of several keys at once),
 // or kNoSlot if no slot could be claimed. No one reads the row before the
@@ -249,6 +263,27 @@ __device__ inline bool WillInsert(const uint32_t* sorted_pos, const bool* exists
   return __any_sync(kFullMask, any);
 }
 
+// Insert: each key a lane k < count wrote (into slot `my_written`; kNoSlot:
+// none) gets the value row of its last row `my_last`, copied by the warp.
+template <typename K>
+__device__ void CopyWrittenRows(const DeviceTable<K>& t, const WriteArgs& a, int count,
+                                uint32_t my_last, uint64_t my_written, int lane) {
+  const uintptr_t bases = reinterpret_cast<uintptr_t>(a.rows) |
+                          reinterpret_cast<uintptr_t>(t.hbm_values) |
+                          reinterpret_cast<uintptr_t>(t.host_values);
+  WarpCopyRows(
+      count, t.value_bytes, bases,
+      [&](int k) -> const char* {
+        const uint64_t last = __shfl_sync(kFullMask, my_last, k);
+        return a.rows + last * t.value_bytes;
+      },
+      [&](int k) -> char* {
+        const uint64_t slot = __shfl_sync(kFullMask, my_written, k);
+        return slot != kNoSlot ? t.Row(slot) : nullptr;
+      },
+      lane);
+}
+
 // Each warp takes `per_warp` (1 to 32) distinct keys at a time: every lane
 // looks up one (ThreadFind) and, for inserts, folds its rows, then the warp
 // applies the keys one after the other. Only this warp writes its keys, so a
@@ -268,12 +303,10 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     uint64_t my_hash = 0, my_slot = kNoSlot, my_score = 0;
     uint32_t my_last = 0;
     if (lane < count) {
-      batch.Segment(static_cast<uint32_t>(first + lane), &my_b, &my_e);
-      my_key = batch.sorted_keys[my_b];
-      my_hash = HashKey(my_key);
-      my_slot = ThreadFind(t, my_key, my_hash);
+      LookUpGroupedKey(t, batch, first + lane, &my_b, &my_e, &my_key, &my_hash, &my_slot);
       if (a.exists == nullptr && !PassSkips(a.mode, my_slot != kNoSlot)) {
-        FoldInsertRows(t, batch, a, my_slot, my_b, my_e, &my_score, &my_last);
+        my_last = batch.sorted_pos[my_e - 1];
+        my_score = FoldInsertScore(t, a, my_slot, my_last, my_e - my_b);
       }
     }
     uint64_t my_written = kNoSlot;  // lane j: the slot insert wrote key first + j into
@@ -302,21 +335,138 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
         AccumKeyRows(t, batch, a, key, hash, slot, b, e, lane, &counts);
       }
     }
-    // Insert: each written key's value row is its last row's.
-    const uintptr_t bases = reinterpret_cast<uintptr_t>(a.rows) |
-                            reinterpret_cast<uintptr_t>(t.hbm_values) |
-                            reinterpret_cast<uintptr_t>(t.host_values);
-    WarpCopyRows(
-        count, t.value_bytes, bases,
-        [&](int k) -> const char* {
-          const uint64_t last = __shfl_sync(kFullMask, my_last, k);
-          return a.rows + last * t.value_bytes;
-        },
-        [&](int k) -> char* {
-          const uint64_t slot = __shfl_sync(kFullMask, my_written, k);
-          return slot != kNoSlot ? t.Row(slot) : nullptr;
-        },
-        lane);
+    CopyWrittenRows(t, a, count, my_last, my_written, lane);
+  }
+  FlushCounts(counts.v, counters);
+}
+
+// An insert (mode kAll) or an assign (kPresentOnly: present keys only,
+// absent ones are left out) whose distinct keys come from a BatchSet rather
+// than a sort (batch_set.cuh). Each warp takes `per_warp` (1 to 32)
+// consecutive rows at a time; a lane whose row is its key's last row looks
+// the key up and folds the key's score over its rows, then the warp writes
+// those keys one after the other and copies their rows. Rows that a later
+// row of the same key overrides do nothing. Only the warp holding a key's
+// last row writes that key, so slots looked up ahead stay right.
+template <typename K>
+__global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
+    ApplyLastRowsKernel(DeviceTable<K> t, BatchSet<K> set, WriteArgs a,
+                        unsigned long long* counters, int per_warp) {
+  WarpCounts counts;
+  const int lane = Lane();
+  const uint64_t n = set.n;
+  for (uint64_t first = WarpId() * per_warp; first < n; first += NumWarps() * per_warp) {
+    const int count = ChunkCount(first, n, per_warp);
+    const uint32_t my_row = static_cast<uint32_t>(first + lane);
+    bool mine = false;
+    K my_key{};
+    uint64_t my_hash = 0, my_slot = kNoSlot, my_score = 0;
+    uint32_t my_rows = 0;
+    if (lane < count && set.IsLastRow(my_row)) {
+      my_key = set.keys[my_row];
+      my_hash = HashKey(my_key);
+      my_slot = ThreadFind(t, my_key, my_hash);
+      mine = !PassSkips(a.mode, my_slot != kNoSlot);
+      if (mine) {
+        my_rows = set.count[set.slot_of_row[my_row]];
+        my_score = FoldInsertScore(t, a, my_slot, my_row, my_rows);
+      }
+    }
+    uint64_t my_written = kNoSlot;
+    for (unsigned writers = __ballot_sync(kFullMask, mine); writers != 0;
+         writers &= writers - 1) {
+      const int j = __ffs(writers) - 1;
+      const uint64_t written = WriteInsertedKey(
+          t, a, __shfl_sync(kFullMask, my_key, j), __shfl_sync(kFullMask, my_hash, j),
+          __shfl_sync(kFullMask, my_slot, j), __shfl_sync(kFullMask, my_rows, j),
+          __shfl_sync(kFullMask, my_score, j), __shfl_sync(kFullMask, my_row, j), lane, &counts);
+      if (lane == j) my_written = written;
+    }
+    CopyWrittenRows(t, a, count, my_row, my_written, lane);
+  }
+  FlushCounts(counts.v, counters);
+}
+
+// The most coefficients a rule step takes: Keras' weight decay (2) and the
+// rule's own (Nadam: 9).
+constexpr int kMaxRuleCoefficients = 16;
+
+// One ApplyRule step (table.h, update_rules.h) as a kernel takes it. Rows
+// are [n, dim] arrays of T in device memory; `initial` is one state row.
+template <typename T>
+struct RuleArgs {
+  UpdateRule rule = UpdateRule::kKerasAdam;
+  bool weight_decay = false;
+  T coefficients[kMaxRuleCoefficients] = {};
+  int slots = 1;     // state row = slots * dim
+  int64_t dim = 0;   // parameter row width
+  const T* rows = nullptr;
+  const T* grads = nullptr;
+  T* new_rows = nullptr;
+  const T* initial = nullptr;
+};
+
+// Applies rows [b, e) of one distinct key (batch order) to its state row
+// `state` -- a copy of `initial` first when the key was just inserted -- and
+// writes each row's new parameter row. Each lane takes the columns lane,
+// lane + 32, ...: a column's slots stay in registers across the key's rows,
+// and ApplyRuleToRow runs on one column (dim 1: its slots are then s[0],
+// s[1], s[2]), the CPU rule's exact operations.
+template <typename K, typename T>
+__device__ void ApplyRuleToKeyRows(const GroupedBatch<K>& batch, const RuleArgs<T>& r,
+                                   uint32_t b, uint32_t e, bool existed, T* state, int lane) {
+  const T* from = existed ? state : r.initial;
+  for (int64_t col = lane; col < r.dim; col += kWarpSize) {
+    T s[3];
+    for (int k = 0; k < r.slots; ++k) s[k] = from[k * r.dim + col];
+    for (uint32_t q = b; q < e; ++q) {
+      const uint64_t at = static_cast<uint64_t>(batch.sorted_pos[q]) * r.dim + col;
+      const T w = r.rows[at];
+      const T g = r.grads[at];
+      T out;
+      ApplyRuleToRow<T>(r.rule, r.weight_decay, r.coefficients, 1, &w, &g, s, &out);
+      r.new_rows[at] = out;  // after reading rows[at]: new_rows may alias rows
+    }
+    for (int k = 0; k < r.slots; ++k) state[k * r.dim + col] = s[k];
+  }
+  __syncwarp();
+}
+
+// ApplyRule over a grouped batch (modes as ApplyWritesKernel; tables that
+// take ApplyRule are unbounded, so kPresentOnly only counts the new keys).
+// Each warp takes `per_warp` distinct keys: lanes look them up, then the
+// warp claims, scores and updates them one by one.
+template <typename K, typename T>
+__global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
+    ApplyRuleKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a, RuleArgs<T> r,
+                    unsigned long long* counters, int per_warp) {
+  WarpCounts counts;
+  const int lane = Lane();
+  const uint64_t num_keys = *batch.num_keys;
+  for (uint64_t first = WarpId() * per_warp; first < num_keys; first += NumWarps() * per_warp) {
+    const int count = ChunkCount(first, num_keys, per_warp);
+    uint32_t my_b = 0, my_e = 0;
+    K my_key{};
+    uint64_t my_hash = 0, my_slot = kNoSlot;
+    if (lane < count) {
+      LookUpGroupedKey(t, batch, first + lane, &my_b, &my_e, &my_key, &my_hash, &my_slot);
+    }
+    for (int j = 0; j < count; ++j) {
+      const uint32_t b = __shfl_sync(kFullMask, my_b, j);
+      const uint32_t e = __shfl_sync(kFullMask, my_e, j);
+      const uint64_t slot = __shfl_sync(kFullMask, my_slot, j);
+      const bool existed = slot != kNoSlot;
+      if (PassSkips(a.mode, existed)) {
+        if (!existed) ++counts.new_keys();
+        continue;
+      }
+      const uint32_t last = batch.sorted_pos[e - 1];
+      const uint64_t written = WriteInsertedKey(
+          t, a, __shfl_sync(kFullMask, my_key, j), __shfl_sync(kFullMask, my_hash, j), slot,
+          e - b, FoldInsertScore(t, a, slot, last, e - b), last, lane, &counts);
+      if (written == kNoSlot) continue;
+      ApplyRuleToKeyRows(batch, r, b, e, existed, reinterpret_cast<T*>(t.Row(written)), lane);
+    }
   }
   FlushCounts(counts.v, counters);
 }

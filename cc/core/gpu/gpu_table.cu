@@ -175,7 +175,7 @@ struct Storage {
 };
 
 template <typename K>
-class GpuTable final : public Table {
+class GpuTable final : public Table, public GpuTableOps {
  public:
   // `stream`: see NewGpuTable (nullptr: Init creates one, owned).
   GpuTable(const TableOptions& options, GpuAllocator* allocator, cudaStream_t stream)
@@ -216,6 +216,9 @@ class GpuTable final : public Table {
     misses_ = static_cast<unsigned long long*>(p);
     DYNEMB_CUDA_RETURN(cudaMemsetAsync(misses_, 0, sizeof(unsigned long long), stream_),
                        "cudaMemsetAsync");
+    // Writes add into the batch counters and fold them later (pending counts):
+    // they must start at zero, which cudaMalloc'ed memory does not.
+    DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream_));
     DYNEMB_RETURN_IF_ERROR(allocator_->AllocateMappedHost(sizeof(BatchCounters), &p));
     host_counters_ = static_cast<BatchCounters*>(p);
     DYNEMB_RETURN_IF_ERROR(AllocateStorage(InitialBuckets(), stream_, &storage_));
@@ -225,9 +228,19 @@ class GpuTable final : public Table {
 
   const TableOptions& options() const override { return options_; }
 
+  // Size() cannot report an error; a failed fold leaves its counts pending
+  // and the next operation (or CheckedSize) reports it.
   int64_t Size() const override {
+    int64_t size = 0;
+    (void)CheckedSize(&size);
+    return size;
+  }
+
+  Status CheckedSize(int64_t* size) const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return size_;
+    const Status status = Mutable()->FoldPendingOrdered();
+    *size = size_;
+    return status;
   }
 
   int64_t Capacity() const override {
@@ -245,6 +258,7 @@ class GpuTable final : public Table {
 
   TableCounters Counters() const override {
     std::lock_guard<std::mutex> lock(mu_);
+    (void)Mutable()->FoldPendingOrdered();
     TableCounters c = counters_;
     c.lookups = lookups_;
     // Find's misses are counted on the device; wait for queued finds.
@@ -304,14 +318,44 @@ class GpuTable final : public Table {
     return Write(static_cast<const K*>(keys), n, a, /*is_insert=*/false, evicted, runner);
   }
 
-  // Not on the GPU yet: tensorflow_dynemb's optimizer runs its unfused
-  // update (find, rule, upsert) for GPU tables (docs/gpu.md).
+  // gpu_table.h "ApplyRule": grouped by a sort, so that a key's rows apply
+  // in batch order; each key's rows are applied by one warp.
   Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
-                   const Runner&) override {
+                   const Runner& runner) override {
     DYNEMB_RETURN_IF_ERROR(CheckRuleStep(options_, keys, n, initial, step));
-    return Status(StatusCode::kFailedPrecondition,
-                  "ApplyRule is not implemented for GPU tables; update the slot rows with "
-                  "Find, the rule and Insert instead");
+    if (n == 0) return Status::Ok();
+    const GpuRunner* gpu_runner = nullptr;
+    DYNEMB_RETURN_IF_ERROR(GpuRunnerOf(runner, &gpu_runner));
+    const cudaStream_t stream = gpu_runner->stream();
+    std::lock_guard<std::mutex> lock(mu_);
+    return Ordered(stream, [&] {
+      return options_.value_type == ValueType::kFloat64
+                 ? ApplyRuleLocked<double>(static_cast<const K*>(keys), n, initial, step, stream,
+                                           gpu_runner->scratch())
+                 : ApplyRuleLocked<float>(static_cast<const K*>(keys), n, initial, step, stream,
+                                          gpu_runner->scratch());
+    });
+  }
+
+  // gpu_table.h "Assign": insert's write for the keys present, nothing for
+  // the others. Never grows or evicts, so it never synchronizes.
+  Status Assign(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                const Runner& runner) override {
+    if (n == 0) return Status::Ok();
+    DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
+    const GpuRunner* gpu_runner = nullptr;
+    DYNEMB_RETURN_IF_ERROR(GpuRunnerOf(runner, &gpu_runner));
+    const cudaStream_t stream = gpu_runner->stream();
+    std::lock_guard<std::mutex> lock(mu_);
+    return Ordered(stream, [&] {
+      WriteArgs a;
+      a.rows = static_cast<const char*>(values);
+      a.scores = scores;
+      DYNEMB_RETURN_IF_ERROR(PrepareWrite(scores, n, /*is_insert=*/true, stream, &a));
+      Scratch scratch(&pool_, gpu_runner->scratch());
+      a.mode = gpu::ApplyMode::kPresentOnly;
+      return ApplyLastRows(static_cast<const K*>(keys), n, a, stream, &scratch);
+    });
   }
 
   Status Remove(const void* keys, int64_t n, const Runner& runner) override {
@@ -321,7 +365,8 @@ class GpuTable final : public Table {
     DYNEMB_RETURN_IF_ERROR(StreamOf(runner, &stream));
     std::lock_guard<std::mutex> lock(mu_);
     return Ordered(stream, [&] {
-      DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream));
+      // The device counters may hold pending writes' counts: they fold in with
+      // this batch's (ReadBatchCounters).
       gpu::RemoveKernel<K><<<ThreadGrid(n, num_sms_), kBlockThreads, 0, stream>>>(
           storage_.t, static_cast<const K*>(keys), static_cast<uint64_t>(n), batch_counters_);
       DYNEMB_CUDA_RETURN(cudaGetLastError(), "RemoveKernel launch");
@@ -336,6 +381,12 @@ class GpuTable final : public Table {
     if (!Begin(stream_).ok() || !CudaStatus(cudaStreamSynchronize(stream_), "Clear").ok()) return;
     FreeStorage(&storage_);  // first, so that the memory is free for the new table
     pool_.Release();
+    // Pending writes' counts fold in first (the counters of operations keep
+    // them); whatever a failed fold left on the device is dropped.
+    (void)FoldPending(stream_);
+    (void)ResetBatchCounters(stream_);
+    pending_ = false;
+    pending_rows_ = 0;
     if (!AllocateStorage(InitialBuckets(), stream_, &storage_).ok()) {
       // No memory for the initial table: try one bucket. If even that fails
       // the table has no buckets and write operations report the error.
@@ -376,6 +427,7 @@ class GpuTable final : public Table {
   }
 
   Status ExportLocked(ExportSink* sink) {
+    DYNEMB_RETURN_IF_ERROR(FoldPending(stream_));
     const int64_t n = size_;
     void* keys = nullptr;
     void* values = nullptr;
@@ -389,6 +441,7 @@ class GpuTable final : public Table {
   }
 
   Status ExportChunksLocked(int64_t chunk_rows, const ChunkSink& sink) {
+    DYNEMB_RETURN_IF_ERROR(FoldPending(stream_));
     const int64_t n = size_;
     Scratch scratch(&pool_, nullptr);
     EntrySink<K> all;
@@ -582,10 +635,14 @@ class GpuTable final : public Table {
     return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
   // Reads what a pass did into the table's host state, and zeroes it.
+  // On failure the counts are dropped as well (reported once).
   Status ReadBatchCounters(cudaStream_t stream) {
     DYNEMB_RETURN_IF_ERROR(CopyCountersToHost(stream));
     const BatchCounters c = *host_counters_;
     if (c.failures != 0) {
+      pending_ = false;
+      pending_rows_ = 0;
+      (void)ResetBatchCounters(stream);
       return Status(StatusCode::kInternal, "GPU table: an insert found no free slot");
     }
     counters_.inserts += c.inserts;
@@ -593,7 +650,136 @@ class GpuTable final : public Table {
     counters_.removes += c.removes;
     size_ += static_cast<int64_t>(c.inserts) - static_cast<int64_t>(c.removes);
     used_ += static_cast<int64_t>(c.new_empty);
+    pending_ = false;
+    pending_rows_ = 0;
     return ResetBatchCounters(stream);
+  }
+
+  // ------------------------------------------------------- pending counts
+  // A write that fits (FitsNewKeys) returns without a host sync: its counts
+  // stay on the device, "pending", and pending_rows_ bounds the keys it may
+  // have added. They fold into size_, used_ and counters_ when something
+  // needs them exact: growth, eviction, Remove, Size, Counters, export.
+
+  // Whether n more rows, each possibly a new key, fit without growth or
+  // eviction, counting every pending row as a new key too.
+  bool FitsNewKeys(uint64_t n) const {
+    const uint64_t upper = static_cast<uint64_t>(size_) + pending_rows_ + n;
+    return static_cast<uint64_t>(used_) + pending_rows_ + n <= SlotsLimit(storage_.t.num_buckets) &&
+           (!bounded_ || upper <= static_cast<uint64_t>(options_.max_capacity));
+  }
+  // Host sync, only when counts are pending (a stream-ordered part of an
+  // operation: between Begin and End).
+  Status FoldPending(cudaStream_t stream) {
+    return pending_ ? ReadBatchCounters(stream) : Status::Ok();
+  }
+  // FoldPending as an operation of its own, on the table's stream.
+  Status FoldPendingOrdered() {
+    if (!pending_) return Status::Ok();
+    return Ordered(stream_, [&] { return FoldPending(stream_); });
+  }
+  // Folding pending counts changes no observable state, so the const
+  // accessors (Size, Counters) may do it.
+  GpuTable* Mutable() const { return const_cast<GpuTable*>(this); }
+
+  // The score rule, ages and value layout of a write batch of n rows.
+  Status PrepareWrite(const uint64_t* scores, int64_t n, bool is_insert, cudaStream_t stream,
+                      WriteArgs* a) {
+    DYNEMB_RETURN_IF_ERROR(WriteRule(scores, n, is_insert, stream, &a->rule));
+    a->age_base = rows_written_;
+    rows_written_ += static_cast<uint64_t>(n);
+    a->value_type = options_.value_type;
+    a->dim = options_.dim;
+    a->elem_bytes = static_cast<uint32_t>(ValueTypeSize(options_.value_type));
+    return Status::Ok();
+  }
+
+  // Finds the batch's distinct keys with a BatchSet (batch_set.cuh).
+  Status BuildBatchSet(const K* keys, int64_t n, cudaStream_t stream, Scratch* scratch,
+                       gpu::BatchSet<K>* out) {
+    gpu::BatchSet<K> set;
+    set.keys = keys;
+    set.n = static_cast<uint32_t>(n);
+    set.capacity = gpu::BatchSetCapacity(static_cast<uint64_t>(n));
+    uint32_t* high = nullptr;
+    uint32_t* low = nullptr;
+    DYNEMB_RETURN_IF_ERROR(scratch->Get(2 * set.capacity, &high));
+    DYNEMB_RETURN_IF_ERROR(scratch->Get(2 * set.capacity, &low));
+    DYNEMB_RETURN_IF_ERROR(scratch->Get(static_cast<size_t>(n), &set.slot_of_row));
+    DYNEMB_CUDA_RETURN(gpu::BuildBatchSet(&set, high, low, ThreadGrid(set.n, num_sms_), stream),
+                       "BatchSetKernel");
+    *out = set;
+    return Status::Ok();
+  }
+
+  // An insert that fits, or an assign (a.mode), without sort or host sync;
+  // its counts stay pending.
+  Status ApplyLastRows(const K* keys, int64_t n, const WriteArgs& a, cudaStream_t stream,
+                       Scratch* scratch) {
+    gpu::BatchSet<K> set;
+    DYNEMB_RETURN_IF_ERROR(BuildBatchSet(keys, n, stream, scratch, &set));
+    const int per_warp = KeysPerWarp(set.n, num_sms_);
+    gpu::ApplyLastRowsKernel<K>
+        <<<WarpGrid((set.n + per_warp - 1) / per_warp, num_sms_), kBlockThreads, 0, stream>>>(
+            storage_.t, set, a, batch_counters_, per_warp);
+    DYNEMB_CUDA_RETURN(cudaGetLastError(), "ApplyLastRowsKernel launch");
+    pending_ = true;
+    return Status::Ok();
+  }
+
+  // ------------------------------------------------------------ ApplyRule
+  template <typename T>
+  Status ApplyRuleLocked(const K* keys, int64_t n, const void* initial, const RuleStep& step,
+                         cudaStream_t stream, GpuScratch* external) {
+    gpu::RuleArgs<T> r;
+    r.rule = step.rule;
+    r.weight_decay = step.weight_decay;
+    const int num_coefficients = UpdateRuleCoefficients(step.rule) + (step.weight_decay ? 2 : 0);
+    if (num_coefficients > gpu::kMaxRuleCoefficients) {
+      return Status(StatusCode::kInternal, "ApplyRule: a rule with more coefficients than " +
+                                               std::to_string(gpu::kMaxRuleCoefficients));
+    }
+    std::memcpy(r.coefficients, step.coefficients, num_coefficients * sizeof(T));  // host memory
+    r.slots = UpdateRuleSlots(step.rule);
+    r.dim = step.dim;
+    r.rows = static_cast<const T*>(step.rows);
+    r.grads = static_cast<const T*>(step.grads);
+    r.new_rows = static_cast<T*>(step.new_rows);
+    r.initial = static_cast<const T*>(initial);
+
+    WriteArgs a;
+    DYNEMB_RETURN_IF_ERROR(PrepareWrite(nullptr, n, /*is_insert=*/true, stream, &a));
+    Scratch scratch(&pool_, external);
+    GroupedBatch<K> batch;
+    DYNEMB_RETURN_IF_ERROR(Group(keys, n, stream, &scratch, &batch));
+    const uint64_t un = static_cast<uint64_t>(n);
+    if (!FitsNewKeys(un)) DYNEMB_RETURN_IF_ERROR(FoldPending(stream));
+    if (FitsNewKeys(un)) {
+      a.mode = gpu::ApplyMode::kAll;
+      DYNEMB_RETURN_IF_ERROR(LaunchApplyRule(batch, a, r, stream));
+      pending_ = true;
+      pending_rows_ += un;
+      return Status::Ok();
+    }
+    // Growth (the table is unbounded): count the new keys, make room, then
+    // apply the present keys' rows and the new keys' rows.
+    a.mode = gpu::ApplyMode::kPresentOnly;
+    DYNEMB_RETURN_IF_ERROR(LaunchApplyRule(batch, a, r, stream));
+    DYNEMB_RETURN_IF_ERROR(ReadBatchCounters(stream));  // host sync
+    DYNEMB_RETURN_IF_ERROR(EnsureRoom(host_counters_->new_keys, stream));
+    a.mode = gpu::ApplyMode::kAbsentOnly;
+    DYNEMB_RETURN_IF_ERROR(LaunchApplyRule(batch, a, r, stream));
+    return ReadBatchCounters(stream);
+  }
+
+  template <typename T>
+  Status LaunchApplyRule(const GroupedBatch<K>& batch, const WriteArgs& a,
+                         const gpu::RuleArgs<T>& r, cudaStream_t stream) {
+    const int per_warp = KeysPerWarp(batch.n, num_sms_);
+    gpu::ApplyRuleKernel<K, T>
+        <<<WarpGrid((batch.n + per_warp - 1) / per_warp, num_sms_), kBlockThreads, 0, stream>>>(
+            storage_.t, batch, a, r, batch_counters_, per_warp);
+    return CudaStatus(cudaGetLastError(), "ApplyRuleKernel launch");
   }
 
   // Advances the clock by one, saturating (as the CPU table does).
@@ -703,24 +889,28 @@ class GpuTable final : public Table {
 
   Status WriteLocked(const K* keys, int64_t n, WriteArgs a, bool is_insert,
                      EvictedEntries* evicted, cudaStream_t stream, GpuScratch* external) {
-    DYNEMB_RETURN_IF_ERROR(WriteRule(a.scores, n, is_insert, stream, &a.rule));
-    a.age_base = rows_written_;
-    rows_written_ += static_cast<uint64_t>(n);
-    a.value_type = options_.value_type;
-    a.dim = options_.dim;
-    a.elem_bytes = static_cast<uint32_t>(ValueTypeSize(options_.value_type));
+    DYNEMB_RETURN_IF_ERROR(PrepareWrite(a.scores, n, is_insert, stream, &a));
     Scratch scratch(&pool_, external);
+    const uint64_t un = static_cast<uint64_t>(n);
+    // Whether there is room for every row to be a new key: first against the
+    // pending writes' upper bound, then, if that fails, exactly.
+    if (!FitsNewKeys(un)) DYNEMB_RETURN_IF_ERROR(FoldPending(stream));
+    if (FitsNewKeys(un)) {
+      a.mode = gpu::ApplyMode::kAll;
+      if (a.exists == nullptr) {  // insert: no sort, no host sync
+        DYNEMB_RETURN_IF_ERROR(ApplyLastRows(keys, n, a, stream, &scratch));
+      } else {  // accum adds rows in batch order: sorted grouping
+        GroupedBatch<K> batch;
+        DYNEMB_RETURN_IF_ERROR(Group(keys, n, stream, &scratch, &batch));
+        DYNEMB_RETURN_IF_ERROR(Apply(batch, a, stream));
+        pending_ = true;
+      }
+      pending_rows_ += un;
+      return Status::Ok();
+    }
+    // Growth or eviction: the counts are exact here (FoldPending above).
     GroupedBatch<K> batch;
     DYNEMB_RETURN_IF_ERROR(Group(keys, n, stream, &scratch, &batch));
-    DYNEMB_RETURN_IF_ERROR(ResetBatchCounters(stream));
-    const uint64_t un = static_cast<uint64_t>(n);
-    const bool fits = static_cast<uint64_t>(used_) + un <= SlotsLimit(storage_.t.num_buckets) &&
-                      (!bounded_ || size_ + n <= options_.max_capacity);
-    if (fits) {  // every row could be a new key, and there is room for all
-      a.mode = gpu::ApplyMode::kAll;
-      DYNEMB_RETURN_IF_ERROR(Apply(batch, a, stream));
-      return ReadBatchCounters(stream);
-    }
     // First round: keys present now. Rows of absent keys are marked, and the
     // distinct absent keys that will insert are counted.
     uint32_t* key_of_row = nullptr;
@@ -971,8 +1161,11 @@ class GpuTable final : public Table {
   unsigned long long* misses_ = nullptr;          // device: Find's misses, ever
   BatchCounters* host_counters_ = nullptr;        // pinned host copy
 
-  int64_t size_ = 0;  // keys stored (exact: write operations end synchronized)
+  // Exact once pending counts are folded (FoldPending).
+  int64_t size_ = 0;  // keys stored
   int64_t used_ = 0;  // occupied + deleted slots
+  bool pending_ = false;       // the device counters hold writes not yet folded
+  uint64_t pending_rows_ = 0;  // rows of those writes: a bound on the keys they added
   TableCounters counters_;
   uint64_t lookups_ = 0;
   uint64_t clock_ = 0;
@@ -982,6 +1175,8 @@ class GpuTable final : public Table {
 };
 
 }  // namespace
+
+GpuTableOps* AsGpuTableOps(Table* table) { return dynamic_cast<GpuTableOps*>(table); }
 
 std::unique_ptr<Table> NewGpuTable(const TableOptions& options, GpuAllocator* allocator,
                                    Status* status, cudaStream_t stream) {

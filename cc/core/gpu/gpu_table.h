@@ -2,7 +2,8 @@
 // semantics as the CPU table, checked by the same conformance tests through
 // the pybind11 module tensorflow_dynemb._core_gpu.
 //
-// STATUS: compiled with nvcc (sm_80, sm_90), not yet run on a GPU.
+// STATUS: compiled with nvcc (sm_80, sm_90); run on an H200 (docs/gpu.md
+// says which parts ran where and when).
 //
 // Contract (differences from the CPU table are in how memory is passed only)
 //   * Every pointer passed to a method -- keys, values, defaults, exists,
@@ -13,10 +14,15 @@
 //   * The Runner must be a GpuRunner: work is queued on its stream, with
 //     scratch from its GpuScratch when it has one.
 //   * Find is asynchronous: it returns once queued; read the results after
-//     synchronizing the stream. Insert, Accum and Remove synchronize with the
-//     host once or twice per batch (the number of new keys decides growth and
-//     eviction; the evicted count and Size() live on the host) and have
-//     finished when they return. Export and ExportChunks have finished when
+//     synchronizing the stream. So are Insert, Accum, ApplyRule and Assign
+//     when the batch fits: when every row could be a new key without growth
+//     or eviction (counting the keys that earlier unsynchronized writes may
+//     have added). Their counts stay on the device ("pending") until
+//     something needs them exact -- Size, Counters, export, Remove, or a
+//     batch that may grow or evict -- which synchronizes once. A batch that
+//     may grow or evict synchronizes once or twice (the number of new keys
+//     decides growth and eviction; the evicted count is on the host when it
+//     returns). Remove synchronizes. Export and ExportChunks have finished when
 //     they return; the sink's buffers are filled on the table's stream (see
 //     NewGpuTable), which Export synchronizes.
 //   * Keys are int32 or int64 (string tables are refused with a clear
@@ -46,7 +52,13 @@
 //   slots cover max_capacity, and then rehash in place to drop deleted tags).
 //
 // Batches (sequential semantics, table.h)
-//   Keys are sorted with their batch positions (cub radix sort, stable), so
+//   An insert or assign that fits (above) finds its distinct keys with a
+//   hash set of the batch (batch_set.cuh): per key its last row, whose values
+//   win, and its number of rows, over which its score folds. No sort: one
+//   warp writes each key, and the result does not depend on thread order.
+//   Accum, ApplyRule and batches that may grow or evict add rows in batch
+//   order, so they sort instead:
+//   keys are sorted with their batch positions (cub radix sort, stable), so
 //   every distinct key's rows are adjacent and in batch order; one warp then
 //   applies all rows of one key in order (last insert wins, accum deltas add
 //   up in batch order, scores fold row by row), after its lanes have looked
@@ -118,6 +130,28 @@ class GpuRunner : public Runner {
   cudaStream_t stream_;
   GpuScratch* scratch_;
 };
+
+// ApplyRule (table.h) runs on the device: one warp per distinct key, its
+// rows in batch order, each column's slots in registers, update_rules.h's
+// ApplyRuleToRow on one column at a time -- the CPU rule's operations, so in
+// float32 and float64 the results are the CPU's bit for bit (the CUDA code is
+// built with -fmad=false: no contraction into fused multiply-adds).
+
+// Operations a GPU table has beyond Table (HKV has them too). Every table
+// NewGpuTable makes implements it: AsGpuTableOps.
+class GpuTableOps {
+ public:
+  virtual ~GpuTableOps() = default;
+  // Insert's write for the keys the table holds -- values, and scores
+  // (explicit, or the strategy's for an update) -- and nothing for the
+  // others: no growth, no eviction, no host sync. Duplicate keys: the last
+  // row wins, as in Insert. Pointers and stream as Insert's.
+  virtual Status Assign(const void* keys, int64_t n, const void* values, const uint64_t* scores,
+                        const Runner& runner) = 0;
+};
+
+// The GpuTableOps of a table NewGpuTable made; nullptr for any other table.
+GpuTableOps* AsGpuTableOps(Table* table);
 
 // Creates a GPU table on the current CUDA device, with memory from
 // `allocator` (not owned; it must outlive the table; nullptr: CudaAllocator()).

@@ -118,6 +118,23 @@ class StagedTable final : public StagedGpuTable {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
+  Status Assign(const void* keys, int64_t n, const void* values,
+                const uint64_t* scores) override {
+    GpuTableOps* ops = AsGpuTableOps(gpu_);
+    if (ops == nullptr) return InvalidArgument("assign needs a GPU table (NewGpuTable)");
+    if (n <= 0 || keys == nullptr || values == nullptr) {
+      return ops->Assign(keys, n, values, scores, runner_);  // its checks
+    }
+    const size_t rows = static_cast<size_t>(n);
+    DeviceBuffer d_keys(allocator_), d_values(allocator_), d_scores(allocator_);
+    DYNEMB_RETURN_IF_ERROR(d_keys.Upload(keys, rows * KeyBytes(), stream_));
+    DYNEMB_RETURN_IF_ERROR(d_values.Upload(values, rows * RowBytes(), stream_));
+    DYNEMB_RETURN_IF_ERROR(d_scores.Upload(scores, rows * sizeof(uint64_t), stream_));
+    DYNEMB_RETURN_IF_ERROR(ops->Assign(d_keys.get(), n, d_values.get(),
+                                       d_scores.get<uint64_t>(), runner_));
+    return Synchronize();
+  }
+
   const TableOptions& options() const override { return gpu_->options(); }
   int64_t Size() const override { return gpu_->Size(); }
   int64_t Capacity() const override { return gpu_->Capacity(); }
@@ -186,7 +203,26 @@ class StagedTable final : public StagedGpuTable {
 
   Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
                    const Runner&) override {
-    return gpu_->ApplyRule(keys, n, initial, step, runner_);
+    DYNEMB_RETURN_IF_ERROR(CheckRuleStep(gpu_->options(), keys, n, initial, step));
+    if (n == 0) return Status::Ok();
+    const size_t param_row_bytes =
+        static_cast<size_t>(step.dim) * ValueTypeSize(gpu_->options().value_type);
+    const size_t rows = static_cast<size_t>(n);
+    DeviceBuffer d_keys(allocator_), d_initial(allocator_), d_rows(allocator_),
+        d_grads(allocator_), d_new_rows(allocator_);
+    DYNEMB_RETURN_IF_ERROR(d_keys.Upload(keys, rows * KeyBytes(), stream_));
+    DYNEMB_RETURN_IF_ERROR(d_initial.Upload(initial, RowBytes(), stream_));
+    DYNEMB_RETURN_IF_ERROR(d_rows.Upload(step.rows, rows * param_row_bytes, stream_));
+    DYNEMB_RETURN_IF_ERROR(d_grads.Upload(step.grads, rows * param_row_bytes, stream_));
+    DYNEMB_RETURN_IF_ERROR(d_new_rows.Allocate(rows * param_row_bytes));
+    RuleStep on_device = step;  // coefficients stay in host memory
+    on_device.rows = d_rows.get();
+    on_device.grads = d_grads.get();
+    on_device.new_rows = d_new_rows.get();
+    DYNEMB_RETURN_IF_ERROR(
+        gpu_->ApplyRule(d_keys.get(), n, d_initial.get(), on_device, runner_));
+    DYNEMB_RETURN_IF_ERROR(Download(step.new_rows, d_new_rows.get(), rows * param_row_bytes, stream_));
+    return Synchronize();
   }
 
   Status Remove(const void* keys, int64_t n, const Runner&) override {

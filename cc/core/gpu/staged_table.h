@@ -25,6 +25,10 @@ class StagedGpuTable : public Table {
   virtual const Runner& gpu_runner() const = 0;
   // Waits until everything queued on gpu_runner()'s stream has finished.
   virtual Status Synchronize() = 0;
+  // GpuTableOps::Assign (gpu_table.h) on host batches: keys [n], values
+  // [n, dim], scores [n] (nullable).
+  virtual Status Assign(const void* keys, int64_t n, const void* values,
+                        const uint64_t* scores) = 0;
 };
 
 // A staged GPU table on the current CUDA device, with cudaMalloc'ed memory.

@@ -4,6 +4,7 @@
 // (gpu_table_resource.h) and which arguments stay in host memory:
 //   * table handles, always;
 //   * Size's and Stats' scalars: the core keeps them on the host;
+//   * ApplyRule's coefficients, which the core reads on the host;
 //   * the file ops' paths, save ids and staged loads, which only host code reads.
 // Keys, values, scores, `exists` and every export / eviction output are in
 // device memory. GPU tables take int32 and int64 keys: string-keyed tables
@@ -61,6 +62,14 @@ DYNEMB_REGISTER_GPU_KEYED("DynembTableExport", ExportOp);
 DYNEMB_REGISTER_GPU_KEYED("DynembTableImport", ImportOp);
 
 #undef DYNEMB_REGISTER_GPU_KEYED
+
+// The rule's per-step scalars are read by the host (RuleStep.coefficients).
+REGISTER_KERNEL_BUILDER(Name("DynembTableApplyRule")
+                            .Device(DEVICE_GPU)
+                            .TypeConstraint("Tkey", kGpuKeyTypes)
+                            .HostMemory("table_handle")
+                            .HostMemory("coefficients"),
+                        ApplyRuleOp);
 
 REGISTER_KERNEL_BUILDER(Name("DynembTableClear").Device(DEVICE_GPU).HostMemory("table_handle"),
                         ClearOp);

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The embedding training step on the device (cc/core/gpu/embedding_step.h), timed.
+
+    python benchmarks/gpu_train_step.py [--tables 10] [--rows 1680000] [--dim 128] \
+        [--ids 105000] [--distinct 35000] [--steps 20] [--out OUT.json] [--quick]
+
+Needs a CUDA GPU, CuPy and `tensorflow_dynemb._core_gpu` (built by tests/core_gpu_ext.py
+from this checkout when nvcc is installed). TensorFlow is not needed.
+
+The setting is NVIDIA dynamicemb's benchmark (NVIDIA/recsys-examples,
+corelib/dynamicemb/benchmark), which reports one H100 training step at 2.19 ms: 10 tables
+of 1.68M rows, dim 128, Adam, about 1.05M ids per step (350k distinct), i.e. ~480M ids/s;
+FBGEMM's static table does it in 1.35 ms. Here every table holds all its 1.68M rows
+beforehand (parameters and Adam slots), so a step finds every id; each table's batch is
+`--ids` ids drawn uniformly from `--distinct` of its rows. A step is, for every table,
+`forward_device` (dedup, find, gather; one host sync for the count of distinct ids) and
+`backward_device` (segment sum, Adam on the slot table, write-back of the parameter
+rows), with the gradients fixed; the figure is ids per second over `--steps` steps
+between two synchronizations, best of 3 rounds after a warm-up step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+DYNAMICEMB_IDS_PER_S = 1.05e6 / 2.19e-3  # H100, their README
+FBGEMM_IDS_PER_S = 1.05e6 / 1.35e-3
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              check=False, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1_680_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--ids", type=int, default=105_000, help="ids per table and step")
+    parser.add_argument("--distinct", type=int, default=35_000,
+                        help="rows per table that a step's ids are drawn from")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="3 tables, 5 steps")
+    args = parser.parse_args()
+    if args.quick:
+        args.tables, args.steps = 3, 5
+
+    import cupy as cp  # noqa: PLC0415 (the device machine has it)
+    import numpy as np  # noqa: PLC0415
+
+    import core_gpu_ext  # noqa: PLC0415
+    gpu = core_gpu_ext.load_core_gpu_or_exit("gpu_train_step.py")
+
+    dim, rows = args.dim, args.rows
+    rng = cp.random.RandomState(1)
+    coefficients = np.array([1e-3, 0.1, 0.001, 1e-7], np.float32)  # Keras Adam, step 1
+    tables = []
+    t0 = time.perf_counter()
+    for t in range(args.tables):
+        params = gpu.Table("int64", "float32", dim, init_capacity=rows)
+        slots = gpu.Table("int64", "float32", 2 * dim, init_capacity=rows)
+        keys = cp.arange(rows, dtype=cp.int64) * 2654435761 + t
+        values = rng.standard_normal((rows, dim), dtype=cp.float32) * 0.05
+        state = cp.zeros((rows, 2 * dim), cp.float32)
+        params.insert_device(keys.data.ptr, rows, values.data.ptr)
+        slots.insert_device(keys.data.ptr, rows, state.data.ptr)
+        params.synchronize()
+        slots.synchronize()
+        del values, state
+        hot = keys[rng.permutation(rows)[:args.distinct]]
+        ids = hot[rng.randint(0, args.distinct, size=args.ids)]
+        step = gpu.EmbeddingStep(params, slots, "keras_adam")
+        out = cp.empty((args.ids, dim), cp.float32)
+        grads = rng.standard_normal((args.ids, dim), dtype=cp.float32) * 0.01
+        tables.append((params, slots, step, ids, out, grads))
+    fill_s = time.perf_counter() - t0
+    cp.get_default_memory_pool().free_all_blocks()
+
+    def one_step():
+        for _, _, step, ids, out, grads in tables:
+            step.forward_device(ids.data.ptr, args.ids, out.data.ptr)
+            step.backward_device(grads.data.ptr, coefficients)
+
+    def sync():
+        for params, slots, *_ in tables:
+            params.synchronize()
+            slots.synchronize()
+
+    one_step()
+    sync()
+    distinct = sum(step.num_unique for _, _, step, *_ in tables)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            one_step()
+        sync()
+        best = min(best, (time.perf_counter() - t0) / args.steps)
+    ids_per_step = args.tables * args.ids
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "gpu": gpu_name(),
+        "args": vars(args),
+        "fill_s": fill_s,
+        "ids_per_step": ids_per_step,
+        "distinct_per_step": distinct,
+        "step_ms": best * 1e3,
+        "ids_per_s": ids_per_step / best,
+        "vs_dynamicemb_h100": ids_per_step / best / DYNAMICEMB_IDS_PER_S,
+        "vs_fbgemm_h100": ids_per_step / best / FBGEMM_IDS_PER_S,
+        "sizes": [int(p.size()) for p, *_ in tables],
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
