@@ -310,11 +310,16 @@ void InsertAndEvictOp::ComputeWithTable(OpKernelContext* ctx, TableResource* res
   evicted.SetOutputs(ctx);
 }
 
+ImportOp::ImportOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("restore", &restore_));
+}
+
 void ImportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                                 const Runner& runner) {
   // Every input is checked before the content is dropped.
   const uint64_t* scores;
   OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
+  if (restore_ && !resource->KeepsContentInCheckpoints()) return;
   KeyBatch batch(ctx->input(1));
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().CheckedClear()));
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),

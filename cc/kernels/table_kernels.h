@@ -76,7 +76,20 @@ class TableOpKernel : public tensorflow::OpKernel {
 
 DYNEMB_TABLE_KERNEL(InsertOp);
 DYNEMB_TABLE_KERNEL(InsertAndEvictOp);
-DYNEMB_TABLE_KERNEL(ImportOp);
+// Replaces the content; as a restore (attr `restore`), leaves a table whose
+// content checkpoints do not keep (TableResource::KeepsContentInCheckpoints)
+// as it is.
+class ImportOp final : public TableOpKernel {
+ public:
+  explicit ImportOp(tensorflow::OpKernelConstruction* ctx);
+
+ protected:
+  void ComputeWithTable(tensorflow::OpKernelContext* ctx, TableResource* resource,
+                        const Runner& runner) override;
+
+ private:
+  bool restore_ = false;
+};
 DYNEMB_TABLE_KERNEL(AccumOp);
 DYNEMB_TABLE_KERNEL(AccumAndEvictOp);
 DYNEMB_TABLE_KERNEL(RemoveOp);

@@ -91,6 +91,12 @@ class TableResource : public tensorflow::ResourceBase {
   tensorflow::DataType value_dtype() const { return value_dtype_; }
   const tensorflow::TensorShape& value_shape() const { return value_shape_; }
 
+  // Whether checkpoint and SavedModel restores replace the content (attr
+  // `restore` of DynembTableImport). False for a table whose content lives
+  // elsewhere and is not the checkpoint's to restore: a Redis table whose
+  // config says table_store_mode 2.
+  virtual bool KeepsContentInCheckpoints() const { return true; }
+
   // The Runner for one op's batches on this table, valid while `ctx` is.
   virtual absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
                                  std::unique_ptr<Runner>* runner) = 0;
@@ -137,14 +143,18 @@ class TableResource : public tensorflow::ResourceBase {
 // batches run on the op's intra-op thread pool. With `staged_loads`, a load
 // fills a new CPU table aside (NewStagingTable); without, it goes in place
 // (a Redis table's buckets have no second copy to fill).
+// `keeps_content_in_checkpoints`: see TableResource.
 class CpuTableResource final : public TableResource {
  public:
   CpuTableResource(std::unique_ptr<Table> table, tensorflow::DataType key_dtype,
                    tensorflow::DataType value_dtype, tensorflow::TensorShape value_shape,
-                   bool staged_loads = true)
+                   bool staged_loads = true, bool keeps_content_in_checkpoints = true)
       : TableResource(table.get(), key_dtype, value_dtype, std::move(value_shape)),
-        table_(std::move(table)), staged_loads_(staged_loads) {}
+        table_(std::move(table)),
+        staged_loads_(staged_loads),
+        keeps_content_in_checkpoints_(keeps_content_in_checkpoints) {}
 
+  bool KeepsContentInCheckpoints() const override { return keeps_content_in_checkpoints_; }
   absl::Status NewRunner(tensorflow::OpKernelContext* ctx,
                          std::unique_ptr<Runner>* runner) override;
   absl::Status NewStagingTable(int64_t rows, std::unique_ptr<Table>* out) override;
@@ -158,6 +168,7 @@ class CpuTableResource final : public TableResource {
  private:
   std::unique_ptr<Table> table_;
   const bool staged_loads_;
+  const bool keeps_content_in_checkpoints_;
 };
 
 }  // namespace dynemb

@@ -389,9 +389,14 @@ REGISTER_OP("DynembTableImport")
     .Input("scores: int64")
     .Attr(TypeAttr("Tkey", kKeyTypes))
     .Attr(TypeAttr("Tvalue", kValueTypes))
+    .Attr("restore: bool = false")
     .SetShapeFn(InsertShape)
     .Doc(R"doc(
 Replaces the whole content of the table (scores as in DynembTableInsert).
+restore: the import is a checkpoint's or SavedModel's restore. A table whose content
+checkpoints do not keep is then left as it is: a Redis table whose config, read where
+the table was created, has table_store_mode 2 (a serving process that shares the
+trainer's Redis must not write the rows of the export back into it).
 )doc");
 
 }  // namespace dynemb

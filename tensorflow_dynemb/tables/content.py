@@ -68,6 +68,7 @@ class TableContent:
         values: TensorLike,
         scores: Optional[TensorLike] = None,
         name: Optional[str] = None,
+        _restore: bool = False,
     ):
         """Replaces the whole content of the table with `keys` and `values`.
 
@@ -77,6 +78,8 @@ class TableContent:
           scores: optional int64 scores of `keys.shape` (e.g. from
             `export_with_scores`); by default the table assigns them as an insert does.
           name: a name for the operation.
+          _restore: (checkpoint and SavedModel restores) a Redis table whose config says
+            `"table_store_mode": 2` where the table is created is left as it is.
 
         Returns:
           The import operation (None when executing eagerly).
@@ -89,7 +92,9 @@ class TableContent:
             check_shape(scores, keys.shape, "scores", "keys.shape")
         scores = tf.zeros([0], tf.int64) if scores is None else scores
         with tf.name_scope(name or f"{self._name}_import"), self._placement():
-            return _ops.ops.dynemb_table_import(self.resource_handle, keys, values, scores)
+            return _ops.ops.dynemb_table_import(
+                self.resource_handle, keys, values, scores, restore=_restore
+            )
 
     def _file_name(self, file_name: Optional[str]) -> str:
         file_name = f"{self._table_name}.dynemb" if file_name is None else os.fsdecode(file_name)
@@ -273,6 +278,7 @@ class TableContent:
             restored_tensors[CKPT_VALUES],
             scores,
             name=f"{self._name}_checkpoint_restore",
+            _restore=True,
         )
 
     def _copy_trackable_to_cpu(self, object_map):

@@ -244,6 +244,12 @@ class RedisTableCreator:
         self.saver = None
         self.track_changes = False
 
+    @property
+    def keeps_content_in_checkpoints(self) -> bool:
+        """False where the config says `"table_store_mode": 2`: the variable's
+        checkpoints then save and restore none of its rows (they stay in Redis)."""
+        return _read_config(self.config.resolve()).get("table_store_mode", 1) != 2
+
     def create(self, key_dtype, value_dtype, default_value, name, init_size, device,
                shared_name) -> RedisTable:
         """One shard table.

@@ -341,7 +341,8 @@ class VariableContent:
             shards, _ = self._route(*self._owned(keys, values, scores))
         return self._group(
             [
-                table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore")
+                table.import_(k, v, s, name=f"{self._unique_name}_checkpoint_restore",
+                              _restore=True)
                 for table, (k, v, s) in zip(self._tables, shards)
             ]
         )

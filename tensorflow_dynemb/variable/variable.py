@@ -209,7 +209,9 @@ class Variable(RoutedOps, VariableContent, TF1SaverHooks, TrainingState, tf.Modu
         self._distribution = Untracked(group=group)
         self._partition_fn = partitioner
         self._trainable = bool(trainable)
-        self._checkpoint = bool(checkpoint)
+        # A Redis config with table_store_mode 2 keeps the rows out of checkpoints.
+        self._checkpoint = bool(checkpoint) and getattr(
+            kv_creator, "keeps_content_in_checkpoints", True)
         self._bp_v2 = bool(bp_v2)
         self._kv_creator = kv_creator
         self._initializer = make_row_initializer(initializer, self._dim, self._value_dtype)

@@ -42,8 +42,10 @@ class RedisCreateTableOp final : public CreateTableOp {
                                                   path + "): " + status.message()));
     }
     // Loads go in place: a second table of the same buckets could not be filled aside.
+    // table_store_mode 2 (this process's config): restores leave Redis as it is.
     *out = new CpuTableResource(std::move(table), key_dtype(), value_dtype(), value_shape(),
-                                /*staged_loads=*/false);
+                                /*staged_loads=*/false,
+                                /*keeps_content_in_checkpoints=*/config.table_store_mode != 2);
     return absl::OkStatus();
   }
 
