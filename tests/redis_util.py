@@ -206,33 +206,93 @@ def _cluster_info(node: RedisServer) -> bytes:
         client.close()
 
 
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory):
-    """A 3-master Redis cluster (`redis-cli --cluster create`); its nodes' servers."""
+def _cluster_slots(node: RedisServer) -> list:
+    client = node.client()
+    try:
+        return client.call("CLUSTER", "SLOTS")
+    finally:
+        client.close()
+
+
+def _start_cluster(root, replicas: int) -> List[RedisServer]:
+    """3 masters (and `replicas` replicas of each) made a cluster by `redis-cli --cluster
+    create`; the nodes' servers, once every node sees the cluster as ok."""
     require_redis()
     if shutil.which("redis-cli") is None:
         pytest.skip("redis-cli is not installed (apt-get install redis-tools)")
-    root = tmp_path_factory.mktemp("redis_cluster")
     nodes = [
         RedisServer(str(root / f"n{i}"), args=["--cluster-enabled", "yes",
                                                "--cluster-config-file", "nodes.conf",
                                                "--cluster-node-timeout", "2000"])
-        for i in range(3)
+        for i in range(3 * (1 + replicas))
     ]
     try:
         subprocess.run(
             ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-             "--cluster-replicas", "0", "--cluster-yes"],
+             "--cluster-replicas", str(replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=60,
         )
         deadline = time.time() + 30
-        while time.time() < deadline:  # every node must see the whole cluster
-            if all(b"cluster_state:ok" in _cluster_info(n) for n in nodes):
+        # Every node must see the whole cluster, replicas included (gossip brings them
+        # into CLUSTER SLOTS a little after cluster_state:ok).
+        while time.time() < deadline:
+            if all(b"cluster_state:ok" in _cluster_info(n) and
+                   all(len(r) == 3 + replicas for r in _cluster_slots(n)) for n in nodes):
                 break
             time.sleep(0.1)
         else:
             raise RuntimeError("the Redis cluster did not reach cluster_state:ok")
-        yield nodes
-    finally:
+    except BaseException:
         for n in nodes:
             n.kill()
+        raise
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    """A 3-master Redis cluster; its nodes' servers."""
+    nodes = _start_cluster(tmp_path_factory.mktemp("redis_cluster"), replicas=0)
+    yield nodes
+    for n in nodes:
+        n.kill()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_with_replicas(tmp_path_factory):
+    """A 3-master Redis cluster with one replica of each master; its 6 nodes' servers."""
+    nodes = _start_cluster(tmp_path_factory.mktemp("redis_cluster_r"), replicas=1)
+    yield nodes
+    for n in nodes:
+        n.kill()
+
+
+def command_calls(server: RedisServer, command: str) -> int:
+    """How many times `server` has run `command` (INFO commandstats)."""
+    client = server.client()
+    try:
+        info = client.call("INFO", "commandstats").decode()
+    finally:
+        client.close()
+    for line in info.splitlines():
+        if line.startswith(f"cmdstat_{command.lower()}:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+def is_replica(server: RedisServer) -> bool:
+    client = server.client()
+    try:
+        return b"role:slave" in client.call("INFO", "replication")
+    finally:
+        client.close()
+
+
+def wait_replicated(masters: List[RedisServer], timeout_ms: int = 5000) -> None:
+    """Until every master's writes so far reached its replicas (WAIT)."""
+    for m in masters:
+        client = m.client()
+        try:
+            client.call("WAIT", "1", str(timeout_ms))
+        finally:
+            client.close()

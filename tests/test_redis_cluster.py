@@ -1,11 +1,13 @@
 """de.RedisTable on a 3-master Redis cluster (tests/redis_util.py): every op, keys spread
 over storage_slice buckets as TFRA spreads them (one bucket per master by default),
-and routing that follows a slot moved to another node. Also sentinel mode: the table
-asks a sentinel for the master's address."""
+and routing that follows a slot moved to another node; with replicas,
+redis_read_access_slave sends lookups to them. Also sentinel mode: the table asks a
+sentinel for the master's address (and, with redis_read_access_slave, a replica's)."""
 
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -13,8 +15,9 @@ import tensorflow as tf
 
 import tensorflow_dynemb as de
 from _tables_util import DictModel, assert_table_matches, make_keys, make_values, rng_for
-from redis_util import (  # noqa: F401 (fixture)
-    RedisServer, redis_cluster, redis_config, require_redis, write_config)
+from redis_util import (  # noqa: F401 (fixtures)
+    RedisServer, command_calls, is_replica, redis_cluster, redis_cluster_with_replicas,
+    redis_config, require_redis, wait_replicated, write_config)
 
 
 def cluster_config(tmp_path, nodes, **fields):
@@ -209,3 +212,72 @@ def test_without_storage_slice_import_nothing_moves(tmp_path, redis_cluster):
     de.RedisTable(tf.int64, tf.float32, [0.0], name="nr", config=redis_config(new))
     assert {k: v for k, v in _cluster_buckets(redis_cluster, f"{tag}:nr*").items()
             if k in before} == before
+
+
+def test_lookups_read_the_replicas_with_redis_read_access_slave(tmp_path,
+                                                                redis_cluster_with_replicas):
+    nodes = redis_cluster_with_replicas
+    masters = [n for n in nodes if not is_replica(n)]
+    replicas = [n for n in nodes if is_replica(n)]
+    assert len(masters) == len(replicas) == 3
+    path = cluster_config(tmp_path, nodes, storage_slice=3, redis_read_access_slave=True,
+                          model_tag_runtime="replicas")
+    table = de.RedisTable(tf.int64, tf.float32, [0.0, 0.0], name="ro", config=redis_config(path))
+    keys = np.arange(1, 3001, dtype=np.int64)
+    values = np.stack([keys, -keys], axis=1).astype(np.float32)
+    table.insert(keys, values)  # writes go to the masters
+    wait_replicated(masters)
+    before = {n.port: command_calls(n, "hmget") for n in nodes}
+    got, exists = table.lookup(keys, return_exists=True)
+    assert exists.numpy().all()
+    np.testing.assert_array_equal(got.numpy(), values)
+    read = {n.port: command_calls(n, "hmget") - before[n.port] for n in nodes}
+    assert all(read[m.port] == 0 for m in masters), read
+    assert all(read[r.port] > 0 for r in replicas), read  # one bucket per master
+
+    # Accum reads and writes the masters (a replica's row may be a write behind).
+    table.accum(keys[:10], values[:10], np.ones(10, bool))
+    wait_replicated(masters)
+    np.testing.assert_array_equal(table.lookup(keys[:10]).numpy(), 2 * values[:10])
+
+    # Without the field, lookups read the masters.
+    plain = de.RedisTable(tf.int64, tf.float32, [0.0, 0.0], name="ro", config=redis_config(
+        cluster_config(tmp_path, nodes, storage_slice=3, model_tag_runtime="replicas")))
+    before = {n.port: command_calls(n, "hmget") for n in nodes}
+    np.testing.assert_array_equal(plain.lookup(keys[10:]).numpy(), values[10:])
+    read = {n.port: command_calls(n, "hmget") - before[n.port] for n in nodes}
+    assert all(read[r.port] == 0 for r in replicas) and sum(read.values()) > 0, read
+
+
+def test_sentinel_lookups_read_a_replica_with_redis_read_access_slave(tmp_path):
+    require_redis()
+    master = RedisServer(str(tmp_path / "master"))
+    replica = RedisServer(str(tmp_path / "replica"),
+                          args=["--replicaof", "127.0.0.1", str(master.port)])
+    sentinel = RedisServer(str(tmp_path / "sentinel"), sentinel_of=master)
+    try:
+        # A sentinel learns of replicas from the master's INFO (every 10 s at most).
+        client = sentinel.client()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            known = client.call("SENTINEL", "replicas", "mymaster")
+            if any(dict(zip(r[::2], r[1::2])).get(b"master-link-status") == b"ok"
+                   for r in known):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the sentinel never listed the replica as up")
+        client.close()
+        path = write_config(tmp_path, sentinel.port, redis_connection_mode=1,
+                            redis_master_name="mymaster", redis_read_access_slave=True)
+        table = de.RedisTable(tf.int64, tf.float32, [0.0], name="sr", config=redis_config(path))
+        table.insert([1, 2], [[1.0], [2.0]])
+        wait_replicated([master])
+        before = command_calls(master, "hmget"), command_calls(replica, "hmget")
+        np.testing.assert_array_equal(table.lookup([2, 1, 3]).numpy(), [[2.0], [1.0], [0.0]])
+        assert command_calls(master, "hmget") == before[0]
+        assert command_calls(replica, "hmget") > before[1]
+    finally:
+        sentinel.kill()
+        replica.kill()
+        master.kill()

@@ -97,6 +97,15 @@ Status Connection::Open(const Endpoint& endpoint, const ConnectOptions& options,
     }
     return Unavailable("Redis at " + endpoint.ToString() + " answered PING with: " + err);
   }
+  if (options.read_only) {
+    Reply reply = RunOne(c, endpoint, options, {"READONLY"}, &status);
+    DYNEMB_RETURN_IF_ERROR(status);
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return Unavailable("the Redis cluster replica at " + endpoint.ToString() +
+                         " refused READONLY (redis_read_access_slave): " +
+                         std::string(reply->str, reply->len));
+    }
+  }
   if (options.db != 0) {
     Reply reply = RunOne(c, endpoint, options, {"SELECT", std::to_string(options.db)}, &status);
     DYNEMB_RETURN_IF_ERROR(status);

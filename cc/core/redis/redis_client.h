@@ -53,6 +53,9 @@ struct ConnectOptions {
   // A pooled connection older than this is closed when it is next released
   // or taken (redis_connection_lifetime); <= 0: kept while it works.
   int64_t lifetime_ms = 0;
+  // Sends READONLY once connected: a cluster replica then serves reads of
+  // its master's slots (redis_read_access_slave).
+  bool read_only = false;
 };
 
 struct Endpoint {

@@ -28,7 +28,7 @@ struct RedisConfig {
   std::string redis_user = "default";
   std::string redis_password;                  // empty: no AUTH
   int redis_db = 0;                            // SELECT (not in cluster mode)
-  bool redis_read_access_slave = false;        // accepted; reads go to masters
+  bool redis_read_access_slave = false;        // lookups read replicas (redis_router.h)
   bool redis_connect_keep_alive = false;       // TCP keep-alive
   int redis_connect_timeout = 1000;            // ms
   int redis_socket_timeout = 1000;             // ms, per read/write

@@ -47,13 +47,46 @@ Router::Router(const RedisConfig& config)
     : config_(config), options_(OptionsOf(config)),
       cluster_(config.mode() == ConnectionMode::kCluster) {}
 
-NodePool* Router::PoolAt(const Endpoint& endpoint) {
-  auto& pool = pools_[endpoint.ToString()];
+NodePool* Router::PoolAt(const Endpoint& endpoint, bool read_only) {
+  auto& pool = pools_[(read_only ? "readonly " : "") + endpoint.ToString()];
   if (pool == nullptr) {
-    pool = std::make_unique<NodePool>(endpoint, options_, config_.redis_conn_pool_size,
+    ConnectOptions options = options_;
+    options.read_only = read_only;
+    pool = std::make_unique<NodePool>(endpoint, options, config_.redis_conn_pool_size,
                                       config_.redis_wait_timeout);
   }
   return pool.get();
+}
+
+bool Router::AskSentinelReplica(Endpoint* replica) {
+  ConnectOptions sentinel;
+  sentinel.user = config_.redis_sentinel_user;
+  sentinel.password = config_.redis_sentinel_password;
+  sentinel.connect_timeout_ms = config_.redis_sentinel_connect_timeout;
+  sentinel.socket_timeout_ms = config_.redis_sentinel_socket_timeout;
+  for (const Endpoint& seed : Seeds(config_)) {
+    std::unique_ptr<Connection> conn;
+    if (!Connection::Open(seed, sentinel, &conn).ok()) continue;
+    Command cmd;
+    cmd.Add("SENTINEL"), cmd.Add("replicas"), cmd.Add(config_.redis_master_name);
+    std::vector<Reply> replies;
+    if (!conn->Pipeline({cmd}, &replies).ok()) continue;
+    const redisReply* r = replies[0].get();
+    if (r->type != REDIS_REPLY_ARRAY) continue;
+    for (size_t i = 0; i < r->elements; ++i) {  // each: field, value, field, value, ...
+      const redisReply* fields = r->element[i];
+      if (fields->type != REDIS_REPLY_ARRAY) continue;
+      std::map<std::string, std::string> f;
+      for (size_t j = 0; j + 1 < fields->elements; j += 2) {
+        f[Str(fields->element[j])] = Str(fields->element[j + 1]);
+      }
+      if (f["flags"] != "slave" || f["master-link-status"] != "ok") continue;  // down or syncing
+      replica->host = f["ip"];
+      replica->port = std::atoi(f["port"].c_str());
+      return replica->port > 0;
+    }
+  }
+  return false;
 }
 
 Status Router::AskSentinel(Endpoint* master, bool* not_a_sentinel) {
@@ -100,7 +133,11 @@ Status Router::Init() {
     bool not_a_sentinel = false;
     const Status asked = AskSentinel(&master, &not_a_sentinel);
     if (asked.ok()) {
-      single_ = PoolAt(master);
+      single_ = read_single_ = PoolAt(master);
+      Endpoint replica;
+      if (config_.redis_read_access_slave && AskSentinelReplica(&replica)) {
+        read_single_ = PoolAt(replica);  // a plain replica serves reads without READONLY
+      }
       return single_->Run({ping}, &replies, true);
     }
     // As TFRA: when the host is a Redis server rather than a sentinel, it is
@@ -108,14 +145,14 @@ Status Router::Init() {
     // redis_connection_mode, whose default is sentinel, and name a standalone
     // server).
     if (!not_a_sentinel) return asked;
-    single_ = PoolAt(Seeds(config_)[0]);
+    single_ = read_single_ = PoolAt(Seeds(config_)[0]);
     const Status direct = single_->Run({ping}, &replies, true);
     if (direct.ok()) return direct;
     return Status(asked.code(), asked.message() + "; connecting to it as a Redis server failed too: " +
                                     direct.message());
   }
   if (!cluster_) {
-    single_ = PoolAt(Seeds(config_)[0]);
+    single_ = read_single_ = PoolAt(Seeds(config_)[0]);
     return single_->Run({ping}, &replies, true);
   }
   Status last;
@@ -137,7 +174,7 @@ Status Router::ReadSlots(NodePool* seed) {
                            " answered CLUSTER SLOTS with: " + Str(r) +
                            " (use 2 for a standalone server)");
   }
-  std::vector<NodePool*> slots(16384, nullptr);
+  std::vector<NodePool*> slots(16384, nullptr), read_slots(16384, nullptr);
   std::map<std::string, std::pair<int, int>> first;  // per master: its lowest range
   for (size_t i = 0; i < r->elements; ++i) {
     const redisReply* range = r->element[i];
@@ -149,7 +186,17 @@ Status Router::ReadSlots(NodePool* seed) {
     Endpoint ep{Str(node->element[0]), static_cast<int>(node->element[1]->integer)};
     if (ep.host.empty()) ep.host = seed->endpoint().host;
     NodePool* pool = PoolAt(ep);
-    for (int s = std::max(lo, 0); s <= hi && s < 16384; ++s) slots[s] = pool;
+    // Replicas follow the master in the range's entry.
+    NodePool* read_pool = pool;
+    if (config_.redis_read_access_slave && range->elements > 3) {
+      const redisReply* replica = range->element[3];
+      if (replica->type == REDIS_REPLY_ARRAY && replica->elements >= 2) {
+        Endpoint rep{Str(replica->element[0]), static_cast<int>(replica->element[1]->integer)};
+        if (rep.host.empty()) rep.host = seed->endpoint().host;
+        read_pool = PoolAt(rep, /*read_only=*/true);
+      }
+    }
+    for (int s = std::max(lo, 0); s <= hi && s < 16384; ++s) slots[s] = pool, read_slots[s] = read_pool;
     auto it = first.find(ep.ToString());
     if (it == first.end() || lo < it->second.first) first[ep.ToString()] = {lo, hi};
   }
@@ -161,6 +208,7 @@ Status Router::ReadSlots(NodePool* seed) {
     }
   }
   slots_ = std::move(slots);
+  read_slots_ = std::move(read_slots);
   first_ranges_.clear();
   for (const auto& kv : first) first_ranges_.push_back(kv.second);
   std::sort(first_ranges_.begin(), first_ranges_.end());
@@ -172,7 +220,7 @@ Status Router::Refresh() {
   if (!cluster_) return Status::Ok();
   Status last;
   std::vector<NodePool*> seeds;
-  for (auto& kv : pools_) seeds.push_back(kv.second.get());
+  for (auto& kv : pools_) seeds.push_back(kv.second.get());  // replicas answer CLUSTER SLOTS too
   for (NodePool* seed : seeds) {
     last = ReadSlots(seed);
     if (last.ok()) return last;
@@ -184,6 +232,12 @@ NodePool* Router::PoolFor(const std::string& bucket) {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (!cluster_) return single_;
   return slots_[KeySlot(bucket)];
+}
+
+NodePool* Router::ReadPoolFor(const std::string& bucket) {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (!cluster_) return read_single_;
+  return read_slots_[KeySlot(bucket)];
 }
 
 std::vector<std::pair<int, int>> Router::MasterFirstRanges() {

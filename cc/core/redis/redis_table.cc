@@ -200,7 +200,7 @@ Status RedisTable::AccumAndEvict(const void* keys, int64_t n, const void* deltas
 
 
 Status RedisTable::ForGroups(const void* keys, int64_t n, const Runner& runner, bool retry,
-                             const Build& build, const Parse& parse) {
+                             const Build& build, const Parse& parse, bool read) {
   if (n == 0) return Status::Ok();
   const int64_t buckets = static_cast<int64_t>(buckets_.size());
   const int64_t per_lane = config_.keys_sending_size * 4;
@@ -244,12 +244,15 @@ Status RedisTable::ForGroups(const void* keys, int64_t n, const Runner& runner, 
       std::vector<Command> cmds;
       build(g, &cmds);
       std::vector<Reply> replies;
-      Status s = router_.PoolFor(buckets_[g.bucket])->Run(cmds, &replies, retry);
+      const auto pool = [&] {
+        return read ? router_.ReadPoolFor(buckets_[g.bucket]) : router_.PoolFor(buckets_[g.bucket]);
+      };
+      Status s = pool()->Run(cmds, &replies, retry);
       if (s.ok() && router_.cluster() && !replies.empty() && IsRedirect(replies[0].get())) {
         // The bucket's slot moved: every command of the group was refused
         // (one bucket, one slot), so sending them again is safe.
         s = router_.Refresh();
-        if (s.ok()) s = router_.PoolFor(buckets_[g.bucket])->Run(cmds, &replies, retry);
+        if (s.ok()) s = pool()->Run(cmds, &replies, retry);
       }
       if (s.ok()) s = parse(g, replies);
       if (!s.ok()) {

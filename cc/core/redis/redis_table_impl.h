@@ -111,6 +111,8 @@ class RedisTable final : public Table {
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     if (n > 0 && defaults == nullptr) return InvalidArgument("FindRows: defaults must not be null");
     std::atomic<int64_t> misses{0};
+    // Lookups read replicas with redis_read_access_slave; ApplyRule and
+    // accum read the masters they write.
     Status s = ForGroups(keys, n, runner, /*retry=*/true,
         [&](const Group& g, std::vector<Command>* cmds) { KeyCommands(g, "HMGET", keys, cmds); },
         [&](const Group& g, std::vector<Reply>& replies) -> Status {
@@ -135,7 +137,8 @@ class RedisTable final : public Table {
             }
           }
           return Status::Ok();
-        });
+        },
+        /*read=*/true);
     lookups_ += n, misses_ += misses.load();
     return s;
   }
@@ -288,8 +291,10 @@ class RedisTable final : public Table {
 
   // Groups the batch (design comment), then builds, runs and parses each
   // group's commands, groups in parallel on `runner`. The first error wins.
+  // `read`: the commands only read, and may go to a replica
+  // (Router::ReadPoolFor).
   Status ForGroups(const void* keys, int64_t n, const Runner& runner, bool retry,
-                   const Build& build, const Parse& parse);
+                   const Build& build, const Parse& parse, bool read = false);
 
   template <typename T>
   Status ApplyRuleAs(const void* keys, int64_t n, const void* initial, const RuleStep& step,
