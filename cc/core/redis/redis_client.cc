@@ -5,8 +5,10 @@
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <mutex>
 #include <utility>
 
@@ -118,15 +120,48 @@ Status Connection::Open(const Endpoint& endpoint, const ConnectOptions& options,
   return Status::Ok();
 }
 
+namespace {
+
+// Appends `n` in decimal and "\r\n".
+void AppendNumberLine(std::string* out, size_t n) {
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof(digits), n).ptr;
+  out->append(digits, end);
+  out->append("\r\n", 2);
+}
+
+// The commands in Redis's protocol (RESP arrays of bulk strings), one buffer
+// for the lot: hiredis would format each argument with sdscatfmt and then
+// copy the command again (a sixth of a lookup's client CPU, perf).
+void FormatCommands(const std::vector<Command>& commands, std::string* out) {
+  size_t bytes = 0;
+  for (const Command& cmd : commands) {
+    bytes += 16;
+    for (size_t len : cmd.lens) bytes += len + 16;
+  }
+  out->clear();
+  out->reserve(bytes);
+  for (const Command& cmd : commands) {
+    out->push_back('*');
+    AppendNumberLine(out, cmd.argv.size());
+    for (size_t a = 0; a < cmd.argv.size(); ++a) {
+      out->push_back('$');
+      AppendNumberLine(out, cmd.lens[a]);
+      out->append(cmd.argv[a], cmd.lens[a]);
+      out->append("\r\n", 2);
+    }
+  }
+}
+
+}  // namespace
+
 Status Connection::Pipeline(const std::vector<Command>& commands, std::vector<Reply>* replies) {
   replies->clear();
   replies->reserve(commands.size());
-  for (const Command& cmd : commands) {
-    if (redisAppendCommandArgv(context_, static_cast<int>(cmd.argv.size()),
-                               const_cast<const char**>(cmd.argv.data()), cmd.lens.data()) != REDIS_OK) {
-      broken_ = true;
-      return Unavailable("Redis at " + endpoint_.ToString() + ": " + ContextError(context_));
-    }
+  FormatCommands(commands, &request_);
+  if (redisAppendFormattedCommand(context_, request_.data(), request_.size()) != REDIS_OK) {
+    broken_ = true;
+    return Unavailable("Redis at " + endpoint_.ToString() + ": " + ContextError(context_));
   }
   for (size_t i = 0; i < commands.size(); ++i) {
     void* raw = nullptr;

@@ -86,6 +86,7 @@ class Connection {
   redisContext* context_;
   Endpoint endpoint_;
   bool broken_ = false;
+  std::string request_;  // the last pipeline's bytes, kept for its capacity
   const std::chrono::steady_clock::time_point opened_;
 };
 
