@@ -163,6 +163,27 @@ def check_shape(tensor: tf.Tensor, expected: tf.TensorShape, arg: str, relation:
     return message
 
 
+def as_vector(tensor: tf.Tensor) -> tf.Tensor:
+    """`tensor` as a vector: itself when it is one already (no op), else a reshape."""
+    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
+
+
+def keyed_rows(rows: tf.Tensor, ids: tf.Tensor, dim: int) -> tf.Tensor:
+    """The `[n, dim]` rows of `as_vector(ids)` as `ids.shape + [dim]`: the rows themselves
+    for 1-D ids (their shape already), a reshape to a constant shape where `ids`' shape
+    is known, one computed from `tf.shape(ids)` otherwise. Each op of a training step
+    costs executor time, which at small batches is most of the step (issue 35)."""
+    target = ids.shape.concatenate([dim])
+    if ids.shape.rank == 1:
+        rows.set_shape(target)
+        return rows
+    if target.is_fully_defined():
+        return tf.reshape(rows, target.as_list())
+    rows = tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
+    rows.set_shape(target)
+    return rows
+
+
 def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DType, arg: str) -> tf.Tensor:
     """`values` converted to `dtype` and checked to be `keys.shape + [dim]`, as `[n, dim]`.
 
@@ -177,6 +198,8 @@ def flat_rows(keys: tf.Tensor, values: TensorLike, dim: int, dtype: tf.dtypes.DT
         check = tf.debugging.assert_equal(tf.shape(values), want, message=message)
         with tf.control_dependencies([check]):
             values = tf.identity(values)
+    if values.shape.rank == 2 and values.shape[1] == dim:
+        return values  # `[n, dim]` already
     return tf.reshape(values, [-1, dim])
 
 

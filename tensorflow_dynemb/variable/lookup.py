@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
-from tensorflow_dynemb._convert import TensorLike, convert
+from tensorflow_dynemb._convert import TensorLike, as_vector, convert, keyed_rows
 from tensorflow_dynemb.variable.trainable import rows_of as view_of
 from tensorflow_dynemb.variable.trainable import tape_may_record
 from tensorflow_dynemb.variable.variable import Variable
@@ -133,9 +133,7 @@ def _lookup_rows(
     trainable = params._trainable_rows(name, ids)
     if _export_context.read_only():
         return params.lookup(ids), trainable.variable if return_trainable else None
-    rows = trainable.read(tf.reshape(ids, [-1]))
-    rows = tf.reshape(rows, tf.concat([tf.shape(ids), [params.dim]], 0))
-    rows.set_shape(ids.shape.concatenate([params.dim]))
+    rows = keyed_rows(trainable.read(as_vector(ids)), ids, params.dim)
     return rows, trainable.variable
 
 
@@ -282,11 +280,9 @@ def embedding_lookup_unique(
     _check_options(params, max_norm)
 
     def rows_of(dense_ids: tf.Tensor):
-        flat = tf.reshape(dense_ids, [-1])
+        flat = as_vector(dense_ids)
         rows, trainable = _unique_rows(params, flat, max_norm, return_trainable, trainable_name)
-        rows = tf.reshape(rows, tf.concat([tf.shape(dense_ids), [params.dim]], 0))
-        rows.set_shape(dense_ids.shape.concatenate([params.dim]))
-        return rows, trainable
+        return keyed_rows(rows, dense_ids, params.dim), trainable
 
     with tf.name_scope(name or "embedding_lookup_unique"):
         result, trainable = _map_ids(params, ids, rows_of)

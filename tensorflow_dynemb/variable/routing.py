@@ -17,7 +17,15 @@ from typing import Any, List, Optional, Tuple
 import tensorflow as tf
 
 from tensorflow_dynemb import _export_context
-from tensorflow_dynemb._convert import TensorLike, convert, flat_keyed, flat_rows
+from tensorflow_dynemb._convert import (
+    TensorLike,
+    as_vector,
+    check_shape,
+    convert,
+    flat_keyed,
+    flat_rows,
+    keyed_rows,
+)
 from tensorflow_dynemb.distribute import cluster as _cluster
 from tensorflow_dynemb.distribute import model_parallel as _model_parallel
 from tensorflow_dynemb.persistence.checkpoint import writing_saved_model
@@ -32,11 +40,25 @@ class RoutedOps:
     # -- routing -------------------------------------------------------------------------
 
     def _flat_keys(self, keys: TensorLike) -> tf.Tensor:
-        return tf.reshape(convert(keys, self._key_dtype, "keys"), [-1])
+        return as_vector(convert(keys, self._key_dtype, "keys"))
 
     def _flat_rows(self, keys: tf.Tensor, values: TensorLike, arg: str) -> tf.Tensor:
         """`values` converted and checked to be `keys.shape + [dim]`, as `[n, dim]`."""
         return flat_rows(keys, values, self._dim, self._value_dtype, arg)
+
+    def _insert_rows(self, keys: tf.Tensor, values: TensorLike) -> tf.Tensor:
+        """`_flat_rows` of the `values` argument of `upsert` / `insert_and_evict`. Where
+        1-D keys and the rows go to one table op as they are (one shard, not
+        model-parallel: no partition or mask in between), the op checks the rows against
+        the keys at run time itself, naming `values` as this check would: only the
+        static check is made here (the optimizer's write-back of every step is such an
+        upsert; the runtime check was ~10 ops of it)."""
+        if keys.shape.rank == 1 and self.shard_num == 1 and self.worker_group is None:
+            values = convert(values, self._value_dtype, "values")
+            expected = keys.shape.concatenate([self._dim])
+            check_shape(values, expected, "values", "keys.shape + [dim]")
+            return values
+        return self._flat_rows(keys, values, "values")
 
     def _shard_ids(self, flat_keys: tf.Tensor) -> tf.Tensor:
         ids = self._partition_fn(flat_keys, self.shard_num)
@@ -64,7 +86,10 @@ class RoutedOps:
 
     @staticmethod
     def _group(ops: List[Any]):
-        return None if tf.executing_eagerly() else tf.group(*[op for op in ops if op is not None])
+        if tf.executing_eagerly():
+            return None
+        ops = [op for op in ops if op is not None]
+        return ops[0] if len(ops) == 1 else tf.group(*ops)  # one op needs no NoOp
 
     # -- per-key methods -----------------------------------------------------------------
 
@@ -85,7 +110,7 @@ class RoutedOps:
         """
         with tf.name_scope(name or f"{self._unique_name}_lookup"):
             keys = convert(keys, self._key_dtype, "keys")
-            flat = tf.reshape(keys, [-1])
+            flat = as_vector(keys)
             stand_in = _export_context.frozen(self)
             if stand_in is not None:  # a static export: stock ops in place of the shards
                 values, exists = stand_in.find(flat)
@@ -93,12 +118,12 @@ class RoutedOps:
                 values, exists = _model_parallel.exchange_find(self, flat)
             else:
                 values, exists = self._find(flat)
-            out_shape = tf.concat([tf.shape(keys), [self._dim]], 0)
-            values = tf.reshape(values, out_shape)
-            values.set_shape(keys.shape.concatenate([self._dim]))
+            # Every path gives `[n, dim]` rows and `[n]` exists: for 1-D keys, their shape.
+            values = keyed_rows(values, keys, self._dim)
             if not return_exists:
                 return values
-            exists = tf.reshape(exists, tf.shape(keys))
+            if keys.shape.rank != 1:
+                exists = tf.reshape(exists, tf.shape(keys))
             exists.set_shape(keys.shape)
             return values, exists
 
@@ -148,8 +173,8 @@ class RoutedOps:
         """
         with tf.name_scope(name or f"{self._unique_name}_upsert"):
             keys = convert(keys, self._key_dtype, "keys")
-            rows = self._flat_rows(keys, values, "values")
-            shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), rows))
+            rows = self._insert_rows(keys, values)
+            shards, _ = self._route(*self._owned(as_vector(keys), rows))
             return self._group(
                 [table.insert(k, v) for table, (k, v) in zip(self._tables, shards)]
             )
@@ -215,7 +240,7 @@ class RoutedOps:
             deltas = new  # bool "+=" is a logical or
         else:
             deltas = tf.where(flat_exists[:, tf.newaxis], new - old, new)
-        shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), deltas, flat_exists))
+        shards, _ = self._route(*self._owned(as_vector(keys), deltas, flat_exists))
         return shards
 
     def remove(self, keys: TensorLike, name: Optional[str] = None):
@@ -238,8 +263,8 @@ class RoutedOps:
         """
         with tf.name_scope(name or f"{self._unique_name}_insert_and_evict"):
             keys = convert(keys, self._key_dtype, "keys")
-            rows = self._flat_rows(keys, values, "values")
-            shards, _ = self._route(*self._owned(tf.reshape(keys, [-1]), rows))
+            rows = self._insert_rows(keys, values)
+            shards, _ = self._route(*self._owned(as_vector(keys), rows))
             return self._concat_shards(
                 [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
             )

@@ -441,7 +441,7 @@ class TrainableRows:
         (`[rows, dim]`), and how many gradient rows each buffer row received."""
         values, index = gradient.values, gradient.indices
         keys, old_rows, exists = self._contents(values, index)
-        count = tf.shape(keys, out_type=index.dtype)[0]
+        count = tf.size(keys, out_type=index.dtype)  # 1-D keys: one op, not Shape + slice
         grad, counts = step_ops.segment_sum_with_counts(values, index, count)
         self._mark_consumed()
         return keys, old_rows, exists, grad, counts

@@ -224,6 +224,7 @@ class SparseRule:
         step = tf.cast(local_step, tf.float64)
         schedule_at = step if schedule_step is None else tf.cast(schedule_step, tf.float64) + 1
         values = {"step": step, "lr": self._learning_rate(schedule_at)}
+        values["local_step"] = local_step  # see `_step`
         values.update(self._extra_step_values(step))
         return values
 
@@ -302,6 +303,11 @@ class SparseRule:
 
     @staticmethod
     def _step(values, dtype):
+        # float64 holds every float16 / bfloat16 / float32 value exactly, so the step
+        # as given, where it has `dtype`, is `step` cast back: one Cast op fewer a step.
+        local = values.get("local_step")
+        if isinstance(local, tf.Tensor) and local.dtype == dtype and dtype.is_floating:
+            return local
         return tf.cast(values["step"], dtype)
 
 
