@@ -152,6 +152,14 @@ class RedisServer:
     def client(self, password: Optional[str] = None) -> Resp:
         return Resp(self.port, password)
 
+    def ask(self, *args) -> Any:
+        """One command on a connection of its own."""
+        client = self.client()
+        try:
+            return client.call(*args)
+        finally:
+            client.close()
+
 
 def write_config(directory, port, **fields) -> str:
     """Writes a Redis config JSON file for a server on `port` (standalone unless
@@ -199,19 +207,11 @@ def redis_server(tmp_path_factory):
 
 
 def _cluster_info(node: RedisServer) -> bytes:
-    client = node.client()
-    try:
-        return client.call("CLUSTER", "INFO")
-    finally:
-        client.close()
+    return node.ask("CLUSTER", "INFO")
 
 
 def _cluster_slots(node: RedisServer) -> list:
-    client = node.client()
-    try:
-        return client.call("CLUSTER", "SLOTS")
-    finally:
-        client.close()
+    return node.ask("CLUSTER", "SLOTS")
 
 
 def _start_cluster(root, replicas: int) -> List[RedisServer]:
@@ -269,11 +269,7 @@ def redis_cluster_with_replicas(tmp_path_factory):
 
 def command_calls(server: RedisServer, command: str) -> int:
     """How many times `server` has run `command` (INFO commandstats)."""
-    client = server.client()
-    try:
-        info = client.call("INFO", "commandstats").decode()
-    finally:
-        client.close()
+    info = server.ask("INFO", "commandstats").decode()
     for line in info.splitlines():
         if line.startswith(f"cmdstat_{command.lower()}:"):
             return int(line.split("calls=")[1].split(",")[0])
@@ -281,18 +277,10 @@ def command_calls(server: RedisServer, command: str) -> int:
 
 
 def is_replica(server: RedisServer) -> bool:
-    client = server.client()
-    try:
-        return b"role:slave" in client.call("INFO", "replication")
-    finally:
-        client.close()
+    return b"role:slave" in server.ask("INFO", "replication")
 
 
 def wait_replicated(masters: List[RedisServer], timeout_ms: int = 5000) -> None:
     """Until every master's writes so far reached its replicas (WAIT)."""
     for m in masters:
-        client = m.client()
-        try:
-            client.call("WAIT", "1", str(timeout_ms))
-        finally:
-            client.close()
+        m.ask("WAIT", "1", str(timeout_ms))
