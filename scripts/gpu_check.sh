@@ -16,8 +16,11 @@
 # 4. The benchmarks, one after the other on the quiet GPU: ours
 #    (benchmarks/gpu_table_ops.py, both ways of measuring; benchmarks/gpu_train_step.py),
 #    then HKV's, then the side-by-side table (benchmarks/hkv/compare.py).
-# Logs, JSON and compare.md go to OUT_DIR. About 6 minutes on a fresh H200 machine.
-# Exit status: nonzero if the build, a test or a benchmark failed.
+# Logs, JSON and compare.md go to OUT_DIR (about 15 files). About 6 minutes on a fresh H200
+# machine. Exit status: nonzero if the build, a test or a benchmark failed.
+# Through the device tool, whose $OUT brings back at most 8 files, bundle them:
+#   bash scripts/gpu_check.sh /tmp/gpu_check; tar -czf $OUT/gpu_check.tgz -C /tmp/gpu_check .
+# (carry: build/hkv_snapshot, and build/hkv_bench to skip HKV's compile).
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-build/gpu_check}
