@@ -96,13 +96,14 @@
 
 namespace dynemb {
 
-// Temporary device memory for one operation: sort buffers, the batch
+// Temporary device memory for one operation: sort buffers, the batch set or
 // grouping, a write's first-round marks. A table takes blocks while it queues
 // an operation and never frees them; the caller keeps them valid, and unused
 // by anything else, until every CUDA work queued on the runner's stream by
-// that operation is done (write operations end synchronized; inside TF the
-// blocks are ctx->allocate_temp tensors, which TF's allocator hands out again
-// only in the stream's order). Blocks are aligned to at least 64 bytes.
+// that operation is done -- which a write that fits does not wait for before
+// it returns (see "Find is asynchronous" above). Inside TF the blocks are
+// ctx->allocate_temp tensors, which TF's allocator hands out again only in
+// the stream's order. Blocks are aligned to at least 64 bytes.
 class GpuScratch {
  public:
   virtual ~GpuScratch() = default;
