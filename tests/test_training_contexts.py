@@ -82,3 +82,16 @@ def test_issue_34_reproduction_stores_and_trains_its_ids(flavor):
     got = result("issue_34_reproduction", flavor)
     assert got["size"] == 4
     assert min(got["moved"]) > 1e-3, got["moved"]
+
+
+def test_a_decorated_call_leaves_no_symbolic_build_behind():
+    """Keras 3's symbolic build of a model whose `call` is a `tf.function` is left early
+    (`leave_symbolic_build`). That must not mark the eager context as a build: float ids
+    in a later eager call were turned into zeros (key 0) instead of refused."""
+    import tensorflow as tf  # noqa: PLC0415 (Keras 3 runs in this process)
+
+    from tensorflow_dynemb.keras import layers  # noqa: PLC0415
+
+    result("issue_34_reproduction", "keras3")  # runs in this process
+    with pytest.raises(TypeError, match="keras.Input"):
+        layers.Embedding(2)(tf.constant([1.0, 2.0]))

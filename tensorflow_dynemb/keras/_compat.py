@@ -86,10 +86,14 @@ def leave_symbolic_build() -> bool:
         return False
     _keras3_global_state.set_global_attribute("stateless_scope", None)
     _keras3_global_state.set_global_attribute("symbolic_scope", None)
+    # Still computing specs only, for `computing_output_spec`: the function graphs being
+    # traced. Not the outermost graph (eager's global graph, which has no outer_graph):
+    # marked, every later eager call would count as a spec computation, and float ids
+    # would be turned into zeros there instead of refused.
     graph = tf.compat.v1.get_default_graph()
-    while graph is not None:  # still computing specs only, for `computing_output_spec`
+    while hasattr(graph, "outer_graph"):
         _left_builds.add(graph)
-        graph = getattr(graph, "outer_graph", None)
+        graph = graph.outer_graph
     return True
 
 
