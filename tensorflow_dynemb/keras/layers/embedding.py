@@ -61,6 +61,7 @@ from tensorflow_dynemb.keras._compat import (
     keras_module,
     leave_symbolic_build,
 )
+from tensorflow_dynemb.persistence.checkpoint import writing_saved_model
 from tensorflow_dynemb.variable.lookup import embedding_lookup, embedding_lookup_unique
 from tensorflow_dynemb.variable.sharding import default_partition_fn
 from tensorflow_dynemb.variable.step_record import called_by_a_function
@@ -409,6 +410,17 @@ def _checked_ids(ids, key_dtype: tf.dtypes.DType):
     the key dtype stand in for them."""
     if _is_floating(ids) and computing_output_spec():
         return tf.zeros_like(ids, dtype=key_dtype)
+    if _is_floating(ids) and IS_KERAS3 and writing_saved_model():
+        # Keras 3 traces a subclassed model's default serving function (and the float
+        # concrete function of a decorated `call`) with float32 inputs while saving,
+        # whatever the data: the save goes on, and such a function fails if it is ever
+        # called (no lookup of made-up ids).
+        refuse = tf.debugging.Assert(tf.constant(False), [
+            "Keras' default serving function of this model takes float ids, which an "
+            "embedding cannot look up: serve the signature passed to "
+            "tf.saved_model.save(signatures=...), or declare integer model inputs"])
+        with tf.control_dependencies([refuse]):
+            return tf.zeros_like(ids, dtype=key_dtype)
     _refuse_floating(ids)
     return ids
 
