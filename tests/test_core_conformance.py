@@ -859,3 +859,49 @@ def test_apply_rule_argument_errors(core):
     with pytest.raises(TypeError, match="rows: expected an array of dtype float32"):
         t.apply_rule([1, 2], "keras_adam", rows.astype(np.float64), rows, **ok)
     assert t.size() == 0  # nothing applied
+
+
+@pytest.mark.parametrize("num_threads", [2, 3, 5])
+def test_large_batches_in_groups_apply_in_batch_order(core, num_threads):
+    """A large batch of an unbounded table runs in one group of shards per thread, each
+    group's keys in batch order (cc/core/table.h "Locking"): every row still applies as
+    if the batch ran row by row, duplicate keys across the whole batch included, and the
+    result equals a one-thread table's, bit for bit."""
+    rng = np.random.default_rng(7)
+    dim, n = 4, 20_000
+    pool = rng.choice(np.iinfo(np.int64).max, 3_000, replace=False).astype(np.int64)
+    keys = rng.choice(pool, n)  # ~6.7 rows per key, spread over every shard
+    pool = np.unique(keys)
+    values = rng.standard_normal((n, dim)).astype(np.float32)
+    tables = [core.Table("int64", "float32", dim, num_threads=t) for t in (1, num_threads)]
+
+    # Insert: the last row of each key wins.
+    last = {k: i for i, k in enumerate(keys.tolist())}
+    for t in tables:
+        t.insert(keys, values)
+    found = [t.find(keys)[0] for t in tables]
+    want = values[[last[k] for k in keys.tolist()]]
+    assert found[0].tobytes() == want.tobytes() and found[1].tobytes() == want.tobytes()
+
+    # Accum of present keys: each key's deltas add up in batch order.
+    exists = np.ones(n, bool)
+    model = {k: values[i].copy() for k, i in last.items()}
+    for i, k in enumerate(keys.tolist()):
+        model[k] = model[k] + values[i]
+    for t in tables:
+        t.accum(keys, values, exists)
+    sums = np.stack([model[k] for k in pool.tolist()])
+    for t in tables:
+        got, present = t.find(pool)
+        assert present.all() and got.tobytes() == sums.tobytes()
+
+    # ApplyRule: duplicate keys step their state in batch order, each from its own row.
+    state_tables = [core.Table("int64", "float32", 2 * dim, num_threads=t) for t in (1, num_threads)]
+    initial = np.full(2 * dim, 0.01, np.float32)
+    c = np.array([0.01, 0.1, 0.001, 1e-7], np.float32)
+    new_rows = [t.apply_rule(keys, "keras_adam", values, values[::-1].copy(), initial, c)
+                for t in state_tables]
+    assert new_rows[0].tobytes() == new_rows[1].tobytes()
+    states = [t.find(pool)[0] for t in state_tables]
+    assert states[0].tobytes() == states[1].tobytes()
+    assert all(t.size() == len(pool) for t in tables + state_tables)

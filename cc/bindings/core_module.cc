@@ -99,6 +99,7 @@ class ThreadRunner : public Runner {
       if (e) std::rethrow_exception(e);
     }
   }
+  int Parallelism() const override { return num_threads_; }
 
  private:
   int num_threads_;

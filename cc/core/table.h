@@ -48,19 +48,30 @@
 //
 // Locking
 //   One reader-writer lock per shard. Find takes shared locks (readers never
-//   block readers); Insert/Accum/Remove take exclusive locks. A batch is first
-//   hashed and bucketed by shard (a stable counting sort, which keeps each
-//   key's rows in batch order; large batches hash, count and scatter in
-//   parallel blocks), then shards are processed in parallel with one lock
-//   acquisition per shard per batch. A Find of a small batch (one the table
-//   does not split among threads) instead takes the reader locks of every
-//   shard it touches, ascending, and runs one pipeline over all its keys: it
-//   leaves a few keys per shard, too few for a pipeline per shard to overlap
-//   their misses.
+//   block readers); Insert/Accum/Remove/ApplyRule take exclusive locks. A
+//   batch is first hashed and bucketed (a stable counting sort, which keeps
+//   each key's rows in batch order; large batches hash, count and scatter in
+//   parallel blocks).
+//   - Find, and the writes of an unbounded table, bucket a large batch into
+//     one group of consecutive shards per thread of the runner
+//     (Runner::Parallelism), a small batch (one the table does not split
+//     among threads) into one group. Each group, in parallel, takes the
+//     locks of the shards it touches, ascending, and runs one pipeline over
+//     its keys in batch order. Batch order reads the caller's rows (values,
+//     gradients) and writes its outputs in address order, which the hardware
+//     prefetcher streams; shard order made each of those arrays one more
+//     random cache line per key (issue 35 in docs/benchmarks.md: -20-35% for
+//     inserts and ApplyRule of 51k keys). A small batch leaves a few keys per
+//     shard, too few for a pipeline per shard to overlap their misses.
+//   - Removes, and the writes of a bounded table, bucket by shard and run
+//     the shards in parallel, one lock acquisition and one pass per shard
+//     (eviction keeps its budget and victim state per pass).
+//   A group holds its shards' locks for the whole batch, so a writer of one
+//   shard waits for a concurrent batch's whole group, not just its shard.
 //
 // Batch pipeline (PipelinedLoop)
-//   A lookup costs two dependent cache misses (slot, then row), so each
-//   shard's keys go through a software pipeline: the slot is prefetched 32
+//   A lookup costs two dependent cache misses (slot, then row), so a batch's
+//   keys go through a software pipeline: the slot is prefetched 32
 //   keys ahead, the candidate row (first slot whose hash bits match) and the
 //   key's output row 16 keys ahead, and the key is verified and copied last.
 //   Every line of a row is prefetched (a 48-byte row straddles two lines half
@@ -69,10 +80,11 @@
 //   what each step measured, and why a lookup stays below tf.gather at dim 64
 //   (six lines read per key against four).
 //   Score updates made by Find (LRU strategies) are relaxed atomic stores.
-//   A writer holds one shard's lock, plus, while evicting, at most two more
-//   (the best victim's shard and the one it is looking at). It blocks only on
-//   a shard of higher index than every lock it holds, and only tries lower
-//   ones; whole-table operations (Export, Clear) lock all shards ascending.
+//   A bounded table's writer holds one shard's lock, plus, while evicting,
+//   at most two more (the best victim's shard and the one it is looking at).
+//   It blocks only on a shard of higher index than every lock it holds, and
+//   only tries lower ones; a group (above) and whole-table operations
+//   (Export, Clear) lock their shards ascending.
 //   So the lock order is global and nothing can deadlock. A TableSnapshot
 //   (streaming checkpoints) holds every shard's reader lock, taken ascending,
 //   for its whole life: writers wait meanwhile, readers do not.
@@ -342,6 +354,10 @@ class Runner {
   // concurrently. `cost_per_unit` is a rough count of cycles per unit.
   virtual void ParallelFor(int64_t n, int64_t cost_per_unit,
                            const std::function<void(int64_t, int64_t)>& fn) const = 0;
+  // How many ranges ParallelFor may run at once (its threads): a table cuts
+  // a large batch into this many groups of shards, one per thread (see
+  // "Locking" above).
+  virtual int Parallelism() const { return 1; }
 };
 
 class SerialRunner : public Runner {

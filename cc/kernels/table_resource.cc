@@ -66,6 +66,8 @@ void ThreadPoolRunner::ParallelFor(int64_t n, int64_t cost_per_unit,
   pool_->ParallelFor(n, cost_per_unit, fn);
 }
 
+int ThreadPoolRunner::Parallelism() const { return pool_->NumThreads(); }
+
 Status TableResource::LoadFiles(const std::vector<ByteSource*>& sources,
                                 const LoadOptions& options, const Runner& runner) {
   return LoadTable(sources, table(), options, runner);

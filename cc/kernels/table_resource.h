@@ -45,6 +45,7 @@ class ThreadPoolRunner : public Runner {
   explicit ThreadPoolRunner(tensorflow::OpKernelContext* ctx);
   void ParallelFor(int64_t n, int64_t cost_per_unit,
                    const std::function<void(int64_t, int64_t)>& fn) const override;
+  int Parallelism() const override;
 
  private:
   tensorflow::thread::ThreadPool* pool_;

@@ -34,6 +34,7 @@ class ThreadRunner : public dynemb::Runner {
     fn(0, std::min(n, step));
     for (auto& t : pool) t.join();
   }
+  int Parallelism() const override { return threads_; }
 
  private:
   int threads_;

@@ -199,23 +199,41 @@ struct alignas(64) Shard {
   }
 };
 
-// Reader locks of shards[0..n) of `all`, taken in the order given (ascending,
-// the global lock order of table.h "Locking") and released when it goes.
-class SharedShardLocks {
+// The locks of the shards in [first, end) that a batch touches (begin[s] !=
+// begin[s + 1]: see BatchPlan), shared for readers or exclusive for writers,
+// taken in ascending order (the global lock order of table.h "Locking") and
+// released when it goes.
+template <bool kExclusive>
+class ShardRangeLocks {
  public:
-  SharedShardLocks(Shard* all, const uint16_t* shards, int64_t n) : all_(all), shards_(shards), n_(n) {
-    for (int64_t i = 0; i < n_; ++i) all_[shards_[i]].mu.lock_shared();
+  ShardRangeLocks(Shard* all, int first, int end, const std::array<uint32_t, kNumShards + 1>& begin)
+      : all_(all) {
+    for (int s = first; s < end; ++s) {
+      if (begin[s] == begin[s + 1]) continue;
+      if (kExclusive) {
+        all_[s].mu.lock();
+      } else {
+        all_[s].mu.lock_shared();
+      }
+      locked_[count_++] = static_cast<uint16_t>(s);
+    }
   }
-  ~SharedShardLocks() {
-    for (int64_t i = n_; i-- > 0;) all_[shards_[i]].mu.unlock_shared();
+  ~ShardRangeLocks() {
+    for (int i = count_; i-- > 0;) {
+      if (kExclusive) {
+        all_[locked_[i]].mu.unlock();
+      } else {
+        all_[locked_[i]].mu.unlock_shared();
+      }
+    }
   }
-  SharedShardLocks(const SharedShardLocks&) = delete;
-  SharedShardLocks& operator=(const SharedShardLocks&) = delete;
+  ShardRangeLocks(const ShardRangeLocks&) = delete;
+  ShardRangeLocks& operator=(const ShardRangeLocks&) = delete;
 
  private:
   Shard* const all_;
-  const uint16_t* const shards_;
-  const int64_t n_;
+  std::array<uint16_t, kNumShards> locked_;
+  int count_ = 0;
 };
 
 // The slot array each shard starts with for a table of init_capacity keys.
@@ -226,11 +244,25 @@ uint64_t InitialShardSlotsFor(int64_t init_capacity) {
 // A batch hashed once and grouped by shard: order[begin[s] .. begin[s+1]) are
 // the batch indices of the keys of shard s, in batch order (counting sort is
 // stable), which is what makes duplicate keys behave sequentially.
+//
+// With groups > 0 the shards form `groups` runs of consecutive shards
+// (GroupFirstShard), and order[begin[first] .. begin[end]) lists the indices
+// of a group's keys in batch order, whatever their shard: a loop over a
+// group then reads and writes the caller's arrays (values, gradients,
+// outputs) in address order, which the hardware prefetcher streams, where
+// shard order makes each of them one more random cache line per key.
+// begin[] still counts each shard's keys.
 struct BatchPlan {
   std::vector<uint64_t> hashes;
   std::vector<uint32_t> order;
   std::array<uint32_t, kNumShards + 1> begin;
+  int groups = 0;
 };
+
+// The first shard of group g of `groups` (g == groups: kNumShards).
+inline int GroupFirstShard(int g, int groups) {
+  return static_cast<int>(static_cast<int64_t>(g) * kNumShards / groups);
+}
 
 // Per-batch score state (see EvictStrategy in table.h).
 struct ScoreContext {
@@ -448,7 +480,7 @@ class CpuTable final : public Table {
     if (defaults == nullptr) return InvalidArgument("Find: defaults must not be null");
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
-    BuildPlan(in, n, runner, &plan);
+    BuildPlan(in, n, runner, &plan, GroupsFor(n, runner));
     const bool touch = update_scores && options_.find_updates_scores &&
                        (options_.strategy == EvictStrategy::kLru ||
                         options_.strategy == EvictStrategy::kEpochLru);
@@ -457,26 +489,13 @@ class CpuTable final : public Table {
     const char* def = static_cast<const char*>(defaults);
     const uint64_t* hashes = plan.hashes.data();
     const ScoreContext* scores = touch ? &ctx : nullptr;
-    if (n >= kParallelMinKeys) {
-      // Enough keys per shard for a pipeline per shard; shards in parallel.
-      return ForEachShard(plan, n, runner, [&](int, Shard& shard, const uint32_t* idx, int64_t count) {
-        std::shared_lock<std::shared_mutex> lock(shard.mu);
-        FindKeys([&](uint32_t) -> const Shard& { return shard; }, hashes, idx, count, in, out, exists,
-                 def, default_per_key, scores);
-        return Status::Ok();
-      });
-    }
-    // A small batch leaves a few keys per shard, too few for a pipeline per
-    // shard to overlap their misses: one pipeline over all the keys, holding
-    // the reader locks of every shard they touch (docs/benchmarks.md, issue 35).
-    return ForEachShardBlock(plan.begin, plan.order.data(), n, runner,
-                             [&](const uint16_t* shards, int64_t num_shards, const uint32_t* idx,
-                                 int64_t count) {
-                               const SharedShardLocks locks(shards_.get(), shards, num_shards);
-                               FindKeys([&](uint32_t i) -> const Shard& { return shards_[ShardOf(hashes[i])]; },
-                                        hashes, idx, count, in, out, exists, def, default_per_key, scores);
-                               return Status::Ok();
-                             });
+    // A group of shards at a time, its keys in batch order (see BatchPlan).
+    return ForEachGroup(plan, runner, [&](int first, int end, const uint32_t* idx, int64_t count) {
+      const ShardRangeLocks</*kExclusive=*/false> locks(shards_.get(), first, end, plan.begin);
+      FindKeys([&](uint32_t i) -> const Shard& { return shards_[ShardOf(hashes[i])]; }, hashes, idx,
+               count, in, out, exists, def, default_per_key, scores);
+      return Status::Ok();
+    });
   }
 
   Status InsertAndEvictBody(const void* keys, int64_t n, const void* values, const uint64_t* scores,
@@ -486,24 +505,25 @@ class CpuTable final : public Table {
     DYNEMB_RETURN_IF_ERROR(CheckBatch(keys, n, values, "values"));
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
-    BuildPlan(in, n, runner, &plan);
+    BuildWritePlan(in, n, runner, &plan);
     const WriteGate gate(this);
     ScoreContext ctx = WriteScoreContext(scores, n, /*is_insert=*/true);
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(values);
     EvictedWriter out(evicted, value_bytes_);
-    Status result = WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard,
-                                                    const uint32_t* idx, int64_t count,
-                                                    DeferredRows* deferred) {
+    Status result = WriteBatch(plan, n, runner, /*presize=*/true,
+                               [&](WritePass& pass, auto&& shard_at, const uint32_t* idx,
+                                   int64_t count, DeferredRows* deferred) {
       Status status;
-      if (deferred == nullptr) Presize(shard, count);
       const auto ahead = [&](int64_t b) {
         PrefetchSpan<0>(src + static_cast<size_t>(idx[b]) * value_bytes_, value_bytes_);
       };
-      PipelinedLoop(shard, plan.hashes.data(), idx, count, ahead, [&](int64_t p, uint32_t) {
+      PipelinedLoopAt(shard_at, plan.hashes.data(), idx, count, ahead, [&](int64_t p, uint32_t) {
         if (!status.ok()) return;
         const uint32_t i = idx[p];
         const uint64_t hash = plan.hashes[i];
+        Shard& shard = shard_at(i);
+        pass.shard = ShardOf(hash);
         const char* value = src + i * value_bytes_;
         const uint64_t pos = FindPosition(shard, hash, in[i]);
         const uint64_t slot = shard.slots[pos];
@@ -534,20 +554,25 @@ class CpuTable final : public Table {
     if (exists == nullptr) return InvalidArgument("Accum: exists must not be null");
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
-    BuildPlan(in, n, runner, &plan);
+    BuildWritePlan(in, n, runner, &plan);
     const WriteGate gate(this);
     ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/false);
     const uint64_t age_base = AgeBase(n);
     const char* src = static_cast<const char*>(deltas);
     EvictedWriter out(evicted, value_bytes_);
-    Status result = WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard,
-                                                    const uint32_t* idx, int64_t count,
-                                                    DeferredRows* deferred) {
+    Status result = WriteBatch(plan, n, runner, /*presize=*/false,
+                               [&](WritePass& pass, auto&& shard_at, const uint32_t* idx,
+                                   int64_t count, DeferredRows* deferred) {
       Status status;
-      PipelinedLoop(shard, plan.hashes.data(), idx, count, [&](int64_t p, uint32_t) {
+      const auto ahead = [&](int64_t b) {
+        PrefetchSpan<0>(src + static_cast<size_t>(idx[b]) * value_bytes_, value_bytes_);
+      };
+      PipelinedLoopAt(shard_at, plan.hashes.data(), idx, count, ahead, [&](int64_t p, uint32_t) {
         if (!status.ok()) return;
         const uint32_t i = idx[p];
         const uint64_t hash = plan.hashes[i];
+        Shard& shard = shard_at(i);
+        pass.shard = ShardOf(hash);
         const char* delta = src + i * value_bytes_;
         const uint64_t pos = FindPosition(shard, hash, in[i]);
         const uint64_t slot = shard.slots[pos];
@@ -813,22 +838,25 @@ class CpuTable final : public Table {
   Status UpdateInPlace(const In* in, int64_t n, const char* initial, const Runner& runner,
                        Ahead&& ahead, Update&& update) {
     BatchPlan plan;
-    BuildPlan(in, n, runner, &plan);
+    BuildWritePlan(in, n, runner, &plan);
     const WriteGate gate(this);
     const ScoreContext ctx = WriteScoreContext(nullptr, n, /*is_insert=*/true);
     const uint64_t age_base = AgeBase(n);
-    return WriteBatch(plan, n, runner, [&](WritePass& pass, Shard& shard, const uint32_t* idx,
-                                           int64_t count, DeferredRows*) {
+    return WriteBatch(plan, n, runner, /*presize=*/false,
+                      [&](WritePass& pass, auto&& shard_at, const uint32_t* idx, int64_t count,
+                          DeferredRows*) {
       Status status;
       // 8-byte aligned (operator new), as the value rows of the slab are.
       std::vector<uint64_t> fresh((value_bytes_ + 7) / 8);
       char* fresh_row = reinterpret_cast<char*>(fresh.data());
-      PipelinedLoop(
-          shard, plan.hashes.data(), idx, count, [&](int64_t b) { ahead(idx[b]); },
+      PipelinedLoopAt(
+          shard_at, plan.hashes.data(), idx, count, [&](int64_t b) { ahead(idx[b]); },
           [&](int64_t p, uint32_t) {
             if (!status.ok()) return;
             const uint32_t i = idx[p];
             const uint64_t hash = plan.hashes[i];
+            Shard& shard = shard_at(i);
+            pass.shard = ShardOf(hash);
             const uint64_t pos = FindPosition(shard, hash, in[i]);
             const uint64_t slot = shard.slots[pos];
             if (!SlotEmpty(slot)) {
@@ -1200,12 +1228,15 @@ class CpuTable final : public Table {
   void SetScore(char* row, uint64_t score) const { AtomicStoreScore(row + score_offset_, score); }
 
   // Hashes the batch and groups its indices by shard (a stable counting
-  // sort). Large batches are cut into blocks that hash, count and scatter in
-  // parallel: block j's indices of shard s go after those of blocks < j, so
-  // every shard's indices stay in batch order.
-  void BuildPlan(const In* keys, int64_t n, const Runner& runner, BatchPlan* plan) const {
+  // sort), or with `groups` > 0 by group of shards, in batch order (see
+  // BatchPlan). Large batches are cut into blocks that hash, count and
+  // scatter in parallel: block j's indices of a bucket go after those of
+  // blocks < j, so every bucket's indices stay in batch order.
+  void BuildPlan(const In* keys, int64_t n, const Runner& runner, BatchPlan* plan,
+                 int groups = 0) const {
     plan->hashes.resize(n);
     plan->order.resize(n);
+    plan->groups = groups;
     uint64_t* hashes = plan->hashes.data();
     uint32_t* order = plan->order.data();
     const int64_t blocks = n < kParallelMinKeys ? 1 : std::min<int64_t>(kPlanBlocks, n / 2048);
@@ -1221,36 +1252,88 @@ class CpuTable final : public Table {
         }
       }
     };
-    const auto scatter = [&](int64_t first, int64_t last) {
-      for (int64_t j = first; j < last; ++j) {
-        std::array<uint32_t, kNumShards>& next = counts[j];
-        for (int64_t i = block_begin(j), e = block_begin(j + 1); i < e; ++i) {
-          order[next[ShardOf(hashes[i])]++] = static_cast<uint32_t>(i);
-        }
-      }
-    };
     const int64_t keys_per_block = n / blocks + 1;
     if (blocks == 1) {
       hash_and_count(0, 1);
     } else {
       runner.ParallelFor(blocks, keys_per_block * (Traits::kTrivial ? 25 : 100), hash_and_count);
     }
-    // counts[j][s] becomes where block j's first index of shard s goes.
     uint32_t running = 0;
     for (int s = 0; s < kNumShards; ++s) {
       plan->begin[s] = running;
-      for (int64_t j = 0; j < blocks; ++j) {
-        const uint32_t c = counts[j][s];
-        counts[j][s] = running;
-        running += c;
-      }
+      for (int64_t j = 0; j < blocks; ++j) running += counts[j][s];
     }
     plan->begin[kNumShards] = running;
+    // The buckets are the shards, or the groups of consecutive shards.
+    // next[j][b]: where block j's first index of bucket b goes.
+    const int buckets = groups > 0 ? groups : kNumShards;
+    const auto bucket_end = [&](int b) { return groups > 0 ? GroupFirstShard(b + 1, groups) : b + 1; };
+    std::array<uint16_t, kNumShards> bucket_of;
+    std::vector<std::array<uint32_t, kNumShards>> next(static_cast<size_t>(blocks));
+    for (int b = 0, s = 0; b < buckets; s = bucket_end(b), ++b) {
+      uint32_t at = plan->begin[s];
+      for (int64_t j = 0; j < blocks; ++j) {
+        next[j][b] = at;
+        for (int t = s; t < bucket_end(b); ++t) at += counts[j][t];
+      }
+      for (int t = s; t < bucket_end(b); ++t) bucket_of[t] = static_cast<uint16_t>(b);
+    }
+    const auto scatter = [&](int64_t first, int64_t last) {
+      for (int64_t j = first; j < last; ++j) {
+        std::array<uint32_t, kNumShards>& to = next[j];
+        for (int64_t i = block_begin(j), e = block_begin(j + 1); i < e; ++i) {
+          order[to[bucket_of[ShardOf(hashes[i])]]++] = static_cast<uint32_t>(i);
+        }
+      }
+    };
     if (blocks == 1) {
       scatter(0, 1);
     } else {
       runner.ParallelFor(blocks, keys_per_block * 10, scatter);
     }
+  }
+
+  // The groups that Find and an unbounded table's writes plan a batch of n
+  // keys in (BuildPlan, ForEachGroup): one per thread the runner may use at
+  // once for a large batch; one for a small batch, which then runs one
+  // pipeline over all its keys (a small batch leaves a few keys per shard,
+  // and a pipeline per shard would drain every few keys).
+  static int GroupsFor(int64_t n, const Runner& runner) {
+    if (n < kParallelMinKeys) return 1;
+    return static_cast<int>(std::clamp<int64_t>(runner.Parallelism(), 1, kNumShards));
+  }
+
+  // Runs fn(first, end, indices, count) for every group of a plan made in
+  // groups that has keys: the group's shards are [first, end), its keys'
+  // batch indices come in batch order. Groups run in parallel. Returns the
+  // first error.
+  template <typename Fn>
+  Status ForEachGroup(const BatchPlan& plan, const Runner& runner, Fn&& fn) {
+    const int groups = plan.groups;
+    std::mutex error_mu;
+    Status first_error;
+    const auto run = [&](int64_t first_group, int64_t last_group) {
+      for (int64_t g = first_group; g < last_group; ++g) {
+        const int first = GroupFirstShard(static_cast<int>(g), groups);
+        const int end = GroupFirstShard(static_cast<int>(g) + 1, groups);
+        const uint32_t b = plan.begin[first], e = plan.begin[end];
+        if (b == e) continue;
+        // An exception must not escape a thread pool's worker.
+        const Status status = GuardMemory(
+            [&] { return fn(first, end, plan.order.data() + b, static_cast<int64_t>(e - b)); });
+        if (!status.ok()) {
+          std::lock_guard<std::mutex> lock(error_mu);
+          if (first_error.ok()) first_error = status;
+        }
+      }
+    };
+    if (groups == 1) {
+      run(0, 1);
+    } else {
+      // A group is one thread's whole share of the batch.
+      runner.ParallelFor(groups, int64_t{1} << 30, run);
+    }
+    return first_error;
   }
 
   // Runs fn(shard index, shard, indices, count) for every shard the batch
@@ -1344,11 +1427,21 @@ class CpuTable final : public Table {
     }
   }
 
-  // Applies a writing batch: run_pass(pass, shard, idx, count, deferred) for
-  // every shard the batch touches, shards in parallel, each under its
-  // exclusive lock; run_pass applies the shard's rows idx[0 .. count) in
-  // order (the row loop is written in each operation so that it inlines).
-  // With `deferred` non-null, run_pass must defer rows whose key is absent
+  // Applies a writing batch: run_pass(pass, shard_at, idx, count, deferred)
+  // applies the rows idx[0 .. count) in order, where shard_at(i) is the
+  // (exclusively locked) shard of batch index i; it sets pass.shard to a
+  // key's shard before it inserts or rescores the key. (The row loop is
+  // written in each operation, so that it inlines.) With `presize`, each
+  // shard is first grown to hold its keys in the batch (Presize).
+  //
+  // An unbounded table's batch is planned in groups (BuildWritePlan): each
+  // group, in parallel, holds its shards' locks and applies its keys in
+  // batch order, in one WritePass.
+  //
+  // A bounded table's batch is applied shard by shard, shards in parallel,
+  // one pass per shard (eviction keeps budget and victim state per pass, and
+  // takes other shards' locks by the rules of table.h "Locking"). With
+  // `deferred` non-null, run_pass must defer rows whose key is absent
   // (deferred->Add(i)) instead of applying them.
   //
   // When the batch may fill a bounded table it runs in two rounds: first the
@@ -1363,7 +1456,23 @@ class CpuTable final : public Table {
   // evicting inserts/s, 1 thread: 1.2 M/s), and one thread makes the choice
   // of victims independent of thread timing.
   template <typename RunPass>
-  Status WriteBatch(const BatchPlan& plan, int64_t n, const Runner& runner, RunPass&& run_pass) {
+  Status WriteBatch(const BatchPlan& plan, int64_t n, const Runner& runner, bool presize,
+                    RunPass&& run_pass) {
+    if (plan.groups > 0) {
+      const uint64_t* hashes = plan.hashes.data();
+      const auto shard_at = [&](uint32_t i) -> Shard& { return shards_[ShardOf(hashes[i])]; };
+      return ForEachGroup(plan, runner, [&](int first, int end, const uint32_t* idx, int64_t count) {
+        const ShardRangeLocks</*kExclusive=*/true> locks(shards_.get(), first, end, plan.begin);
+        if (presize) {
+          for (int s = first; s < end; ++s) Presize(shards_[s], plan.begin[s + 1] - plan.begin[s]);
+        }
+        WritePass pass(first);
+        // Caught here, so that what the pass did before is published.
+        const Status status = GuardMemory([&] { return run_pass(pass, shard_at, idx, count, nullptr); });
+        Publish(pass);
+        return status;
+      });
+    }
     const bool two_rounds =
         bounded_ && reserved_.load(std::memory_order_relaxed) + n > options_.max_capacity;
     std::vector<uint32_t> deferred(two_rounds ? n : 0);
@@ -1374,11 +1483,13 @@ class CpuTable final : public Table {
           begin, order, rows, runner,
           [&](int s, Shard& shard, const uint32_t* idx, int64_t count) {
             std::unique_lock<std::shared_mutex> lock(shard.mu);
+            if (presize && !defer) Presize(shard, count);
             WritePass pass(s);
             DeferredRows rows_out{defer ? deferred.data() + begin[s] : nullptr, 0};
+            const auto shard_at = [&shard](uint32_t) -> Shard& { return shard; };
             // Caught here, so that what the pass did before is published.
             const Status status = GuardMemory(
-                [&] { return run_pass(pass, shard, idx, count, defer ? &rows_out : nullptr); });
+                [&] { return run_pass(pass, shard_at, idx, count, defer ? &rows_out : nullptr); });
             if (defer) num_deferred[s] = rows_out.count;
             Publish(pass);
             return status;
@@ -1396,6 +1507,11 @@ class CpuTable final : public Table {
       begin[s + 1] = begin[s] + num_deferred[s];
     }
     return round(begin, deferred.data(), begin[kNumShards], false, /*serial=*/true);
+  }
+
+  // The plan of a writing batch (WriteBatch): in groups for an unbounded table.
+  void BuildWritePlan(const In* keys, int64_t n, const Runner& runner, BatchPlan* plan) const {
+    BuildPlan(keys, n, runner, plan, bounded_ ? 0 : GroupsFor(n, runner));
   }
 
   // Inserts `key`, absent from shard pass.shard (locked; its probe ended at

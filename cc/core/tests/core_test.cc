@@ -104,6 +104,7 @@ class ThreadRunner : public Runner {
     fn(0, n / parts);
     for (auto& t : ts) t.join();
   }
+  int Parallelism() const override { return threads_; }
 
  private:
   int threads_;
