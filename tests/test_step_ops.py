@@ -1,5 +1,6 @@
-"""`tensorflow_dynemb.variable.step_ops`: the training step's unique and per-id sums give exactly
-TF's `tf.unique` and `tf.math.unsorted_segment_sum` results, and refuse bad input."""
+"""`tensorflow_dynemb.variable.step_ops`: the training step's unique, row gather and per-id sums
+give exactly TF's `tf.unique`, `sparse_read` (with its gradient) and
+`tf.math.unsorted_segment_sum` results, and refuse bad input."""
 
 import numpy as np
 import pytest
@@ -119,3 +120,58 @@ def test_segment_sum_refuses_sums_too_large_to_shape():
 def test_segment_sum_refuses_a_row_count_mismatch():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="segment_ids|Dimensions"):
         ops.dynemb_segment_sum(tf.ones([3, 2]), tf.constant([0, 1], tf.int32), tf.constant(2))
+
+
+def _gather_ops_in(fn, *args):
+    return {op.type for op in tf.function(fn).get_concrete_function(*args).graph.get_operations()}
+
+
+@pytest.mark.parametrize("value_dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("row_shape", [[], [1], [16], [5], [64], [2, 3]])
+def test_gather_rows_equals_sparse_read_with_its_gradient(value_dtype, index_dtype, row_shape):
+    rng = np.random.default_rng(3)
+    rows = 5_000
+    variable = tf.Variable(
+        rng.standard_normal([rows] + row_shape).astype(value_dtype.as_numpy_dtype),
+        shape=tf.TensorShape([None] + row_shape),
+    )
+    for n in (0, 1, 9, 20_000):  # 20,000: split among threads
+        index = tf.constant(rng.integers(0, rows, n), index_dtype)
+        weights = tf.constant(rng.standard_normal([n] + row_shape), value_dtype)
+
+        def loss_and_rows(read):
+            with tf.GradientTape() as tape:
+                got = read(variable, index)
+                loss = tf.reduce_sum(got * weights)
+            return got, tape.gradient(loss, variable)
+
+        got, grad = loss_and_rows(step_ops.gather_rows)
+        want, want_grad = loss_and_rows(lambda v, i: v.sparse_read(i))
+        assert got.dtype == value_dtype and got.shape == want.shape
+        assert got.numpy().tobytes() == want.numpy().tobytes()
+        assert isinstance(grad, tf.IndexedSlices)
+        np.testing.assert_array_equal(grad.indices.numpy(), want_grad.indices.numpy())
+        assert grad.values.numpy().tobytes() == want_grad.values.numpy().tobytes()
+        np.testing.assert_array_equal(grad.dense_shape.numpy(), want_grad.dense_shape.numpy())
+    assert "DynembGatherRows" in _gather_ops_in(lambda i: step_ops.gather_rows(variable, i), index)
+
+
+def test_gather_rows_static_shape_and_fallbacks():
+    variable = tf.Variable(tf.zeros([4, 3]), shape=tf.TensorShape([None, 3]))
+    index = tf.TensorSpec([None], tf.int32)
+    traced = tf.function(lambda i: step_ops.gather_rows(variable, i)).get_concrete_function(index)
+    assert traced.outputs[0].shape.as_list() == [None, 3]
+    # float16 rows and 2-D indices are not the kernel's: sparse_read reads them.
+    half = tf.Variable(tf.ones([4, 3], tf.float16))
+    assert "ResourceGather" in _gather_ops_in(lambda i: step_ops.gather_rows(half, i), index)
+    ids_2d = tf.constant([[0, 1], [3, 2]])
+    np.testing.assert_array_equal(step_ops.gather_rows(variable, ids_2d).numpy(), np.zeros([2, 2, 3]))
+
+
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_gather_rows_refuses_an_index_out_of_range(bad):
+    variable = tf.Variable(tf.ones([4, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"indices\[1\] = {bad} is not in \[0, 4\)"):
+        step_ops.gather_rows(variable, tf.constant([0, bad, 1]))
+    np.testing.assert_array_equal(variable.numpy(), np.ones([4, 3]))

@@ -1,6 +1,7 @@
 // Ops of the training step (no table handle): the trainable view's
-// deduplication of a batch's ids and the optimizer's per-id gradient sums.
-// Their kernels (cc/kernels/step_kernels.cc) run cc/core/dedup.h.
+// deduplication of a batch's ids, its gather of the rows of a lookup from its
+// rows buffer, and the optimizer's per-id gradient sums. Their kernels
+// (cc/kernels/step_kernels.cc) run cc/core/dedup.h.
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -38,7 +39,37 @@ absl::Status SegmentSumShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+absl::Status GatherRowsShape(InferenceContext* c) {
+  ShapeHandle indices;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &indices));
+  // The variable's shape, where its handle carries it (as ResourceGather reads it).
+  const auto* handle_data = c->input_handle_shapes_and_types(0);
+  if (handle_data == nullptr || handle_data->empty()) {
+    c->set_output(0, c->UnknownShape());
+    return absl::OkStatus();
+  }
+  ShapeHandle params, row, out;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast((*handle_data)[0].shape, 1, &params));
+  TF_RETURN_IF_ERROR(c->Subshape(params, 1, &row));
+  TF_RETURN_IF_ERROR(c->Concatenate(indices, row, &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+REGISTER_OP("DynembGatherRows")
+    .Input("resource: resource")
+    .Input("indices: Tindices")
+    .Output("rows: dtype")
+    .Attr("dtype: {float, double}")
+    .Attr("Tindices: {int32, int64}")
+    .SetShapeFn(GatherRowsShape)
+    .Doc(R"doc(
+ResourceGather of the rows `indices` (a vector) of a resource variable of rank
+>= 1, on the CPU: the rows copied in parallel blocks, each prefetching the rows
+it reads next. Its gradient is ResourceGather's (tensorflow_dynemb.variable.step_ops).
+)doc");
 
 REGISTER_OP("DynembUnique")
     .Input("keys: Tkey")

@@ -6,8 +6,9 @@ training lookup goes through a `TrainableRows`:
 1. the lookup looks each distinct id up once and stores, in three ordinary TF variables,
    the distinct ids (`ids`), whether each was stored (`exists`) and their rows
    (`variable`, shape `[None, dim]`, trainable);
-2. its output is `variable.sparse_read(index)`, so the gradient of the loss with respect
-   to `variable` is an `IndexedSlices` whose indices are positions in `ids`;
+2. its output is `variable.sparse_read(index)` (`step_ops.gather_rows`: the same read
+   and gradient on a faster CPU kernel), so the gradient of the loss with respect to
+   `variable` is an `IndexedSlices` whose indices are positions in `ids`;
 3. `de.DynamicEmbeddingOptimizer` recognises `variable` (through `rows_of`), maps the
    gradient's indices back to keys, updates those keys' rows and optimizer slots in the
    hash tables, and marks the buffer consumed.
@@ -245,7 +246,8 @@ class TrainableRows:
     def _buffered_read(self, index: tf.Tensor, contents) -> tf.Tensor:
         """Writes `contents` (`(buffer, tensor)` pairs, the rows buffer `variable` among
         them) into the buffers, appending or overwriting (see the module docstring), and
-        returns `variable.sparse_read(index)` (`index` shifted past earlier lookups)."""
+        returns `variable.sparse_read(index)` (`step_ops.gather_rows`; `index` shifted past
+        earlier lookups)."""
         if self._appends():
             # In a TF1 graph, after the previous lookup's writes (nothing else orders
             # them, and the buffers may not be initialised before the first write).
@@ -276,7 +278,7 @@ class TrainableRows:
                 # nothing but a `local_init_op`. This gradient takes the shape of the
                 # read, which follows the writes.
                 return tf.gather(self._read_rows(), index)
-            return self.variable.sparse_read(index)
+            return step_ops.gather_rows(self.variable, index)
 
     def _read_buffer(self, buffer) -> tf.Tensor:
         return self._read_rows() if buffer is self.variable else buffer.read_value()
