@@ -160,6 +160,15 @@ class RoutedOps:
             values = self._initializer.fill(values, exists, flat)
         return values, exists
 
+    def _shards_to_write(self, keys: TensorLike, values: TensorLike):
+        """Each shard's `(keys, rows)` of a write of `values` (`keys.shape + [dim]`) to
+        `keys`: checked, converted and routed (this worker's keys only, for a
+        model-parallel variable)."""
+        keys = convert(keys, self._key_dtype, "keys")
+        rows = self._insert_rows(keys, values)
+        shards, _ = self._route(*self._owned(as_vector(keys), rows))
+        return shards
+
     def upsert(self, keys: TensorLike, values: TensorLike, name: Optional[str] = None):
         """Inserts or overwrites `keys` with `values` (`keys.shape + [dim]`).
 
@@ -172,9 +181,7 @@ class RoutedOps:
             ("Expected shape"), or a partitioner id out of range.
         """
         with tf.name_scope(name or f"{self._unique_name}_upsert"):
-            keys = convert(keys, self._key_dtype, "keys")
-            rows = self._insert_rows(keys, values)
-            shards, _ = self._route(*self._owned(as_vector(keys), rows))
+            shards = self._shards_to_write(keys, values)
             return self._group(
                 [table.insert(k, v) for table, (k, v) in zip(self._tables, shards)]
             )
@@ -262,9 +269,7 @@ class RoutedOps:
           `(evicted_keys [m], evicted_values [m, dim], evicted_scores int64 [m])`.
         """
         with tf.name_scope(name or f"{self._unique_name}_insert_and_evict"):
-            keys = convert(keys, self._key_dtype, "keys")
-            rows = self._insert_rows(keys, values)
-            shards, _ = self._route(*self._owned(as_vector(keys), rows))
+            shards = self._shards_to_write(keys, values)
             return self._concat_shards(
                 [table.insert_and_evict(k, v) for table, (k, v) in zip(self._tables, shards)]
             )
