@@ -52,20 +52,22 @@
 //   batch is first hashed and bucketed (a stable counting sort, which keeps
 //   each key's rows in batch order; large batches hash, count and scatter in
 //   parallel blocks).
-//   - Find, and the writes of an unbounded table, bucket a large batch into
-//     one group of consecutive shards per thread of the runner
-//     (Runner::Parallelism), a small batch (one the table does not split
-//     among threads) into one group. Each group, in parallel, takes the
-//     locks of the shards it touches, ascending, and runs one pipeline over
-//     its keys in batch order. Batch order reads the caller's rows (values,
-//     gradients) and writes its outputs in address order, which the hardware
-//     prefetcher streams; shard order made each of those arrays one more
-//     random cache line per key (issue 35 in docs/benchmarks.md: -20-35% for
-//     inserts and ApplyRule of 51k keys). A small batch leaves a few keys per
+//   - The writes of an unbounded table bucket a large batch into one group
+//     of consecutive shards per thread of the runner (Runner::Parallelism);
+//     they and Find bucket a small batch (one the table does not split among
+//     threads) into one group. Each group, in parallel, takes the locks of
+//     the shards it touches, ascending, and runs one pipeline over its keys
+//     in batch order. Batch order reads the caller's rows (values, gradients)
+//     and writes its outputs in address order, which the hardware prefetcher
+//     streams; shard order made each of those arrays one more random cache
+//     line per key (issue 35 in docs/benchmarks.md: -20-45% for the inserts
+//     and ApplyRule of a training step). A small batch leaves a few keys per
 //     shard, too few for a pipeline per shard to overlap their misses.
-//   - Removes, and the writes of a bounded table, bucket by shard and run
-//     the shards in parallel, one lock acquisition and one pass per shard
-//     (eviction keeps its budget and victim state per pass).
+//   - A large Find, Removes, and the writes of a bounded table bucket by
+//     shard and run the shards in parallel, one lock acquisition and one
+//     pass per shard (eviction keeps its budget and victim state per pass; a
+//     Find reads no caller rows, and keeping to one shard's slot array at a
+//     time measured faster than batch order).
 //   A group holds its shards' locks for the whole batch, so a writer of one
 //   shard waits for a concurrent batch's whole group, not just its shard.
 //

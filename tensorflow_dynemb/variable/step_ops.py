@@ -47,12 +47,14 @@ def gather_rows(variable, index: tf.Tensor) -> tf.Tensor:
 
 
 def _gathers_on_cpu(variable, index: tf.Tensor) -> bool:
-    """Whether `DynembGatherRows` reads `variable` at `index`: a plain resource variable
-    (not a distributed one, whose handle depends on the replica; not a subclass, which
-    may read differently) of float32 / float64 rows on a CPU, read at a 1-D int32 /
-    int64 index."""
+    """Whether `DynembGatherRows` reads `variable` at `index`: a resource variable whose
+    `sparse_read` is the plain ResourceGather of its handle (a `tf.function`'s
+    variables are a subclass; distributed variables read elsewhere), of float32 /
+    float64 rows on a CPU, read at a 1-D int32 / int64 index."""
+    base = resource_variable_ops.BaseResourceVariable
     return (
-        type(variable) is resource_variable_ops.ResourceVariable
+        isinstance(variable, base)
+        and type(variable).sparse_read is base.sparse_read
         and variable.dtype in _SUM_DTYPES
         and index.dtype in _UNIQUE_KEY_DTYPES
         and index.shape.rank == 1

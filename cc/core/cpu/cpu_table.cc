@@ -480,7 +480,11 @@ class CpuTable final : public Table {
     if (defaults == nullptr) return InvalidArgument("Find: defaults must not be null");
     const In* in = static_cast<const In*>(keys);
     BatchPlan plan;
-    BuildPlan(in, n, runner, &plan, GroupsFor(n, runner));
+    // A large batch by shard: a shard's keys share its slot array's pages (a
+    // Find reads no caller rows, and in batch order it ran 2.2-2.3 -> 2.9-3.0 ms
+    // in the steady shared step); a small one in one group (GroupsFor).
+    const bool large = n >= kParallelMinKeys;
+    BuildPlan(in, n, runner, &plan, large ? 0 : GroupsFor(n, runner));
     const bool touch = update_scores && options_.find_updates_scores &&
                        (options_.strategy == EvictStrategy::kLru ||
                         options_.strategy == EvictStrategy::kEpochLru);
@@ -489,7 +493,16 @@ class CpuTable final : public Table {
     const char* def = static_cast<const char*>(defaults);
     const uint64_t* hashes = plan.hashes.data();
     const ScoreContext* scores = touch ? &ctx : nullptr;
-    // A group of shards at a time, its keys in batch order (see BatchPlan).
+    if (large) {
+      // Shards in parallel, a pipeline per shard.
+      return ForEachShard(plan, n, runner, [&](int, Shard& shard, const uint32_t* idx, int64_t count) {
+        std::shared_lock<std::shared_mutex> lock(shard.mu);
+        FindKeys([&](uint32_t) -> const Shard& { return shard; }, hashes, idx, count, in, out, exists,
+                 def, default_per_key, scores);
+        return Status::Ok();
+      });
+    }
+    // One group: its keys in batch order, in one pipeline (see BatchPlan).
     return ForEachGroup(plan, runner, [&](int first, int end, const uint32_t* idx, int64_t count) {
       const ShardRangeLocks</*kExclusive=*/false> locks(shards_.get(), first, end, plan.begin);
       FindKeys([&](uint32_t i) -> const Shard& { return shards_[ShardOf(hashes[i])]; }, hashes, idx,
@@ -1293,11 +1306,16 @@ class CpuTable final : public Table {
     }
   }
 
-  // The groups that Find and an unbounded table's writes plan a batch of n
-  // keys in (BuildPlan, ForEachGroup): one per thread the runner may use at
-  // once for a large batch; one for a small batch, which then runs one
-  // pipeline over all its keys (a small batch leaves a few keys per shard,
-  // and a pipeline per shard would drain every few keys).
+  // The groups that an unbounded table's writes (and a small Find) plan a
+  // batch of n keys in (BuildPlan, ForEachGroup). A large batch: one per
+  // thread the runner may use at once. Each group then reads every other row
+  // of the caller's arrays (on 2 threads), whose lines the hardware
+  // prefetcher streams; four groups per thread (for balance among threads
+  // that start late) lost that: the steady shared step's ApplyRule took
+  // 6.6-7.1 ms against 3.9-5.0 (docs/benchmarks.md, issue 35). A small
+  // batch: one group, which then runs one pipeline over all its keys (a
+  // small batch leaves a few keys per shard, and a pipeline per shard would
+  // drain every few keys).
   static int GroupsFor(int64_t n, const Runner& runner) {
     if (n < kParallelMinKeys) return 1;
     return static_cast<int>(std::clamp<int64_t>(runner.Parallelism(), 1, kNumShards));
