@@ -175,3 +175,29 @@ def test_gather_rows_refuses_an_index_out_of_range(bad):
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"indices\[1\] = {bad} is not in \[0, 4\)"):
         step_ops.gather_rows(variable, tf.constant([0, bad, 1]))
     np.testing.assert_array_equal(variable.numpy(), np.ones([4, 3]))
+
+
+def test_a_training_lookup_in_a_function_reads_its_rows_through_gather_rows():
+    """The view's buffers of a lookup first traced in a `tf.function` are that function's
+    variables (a subclass of ResourceVariable, as in every Keras `fit` step): their read
+    runs DynembGatherRows, and its gradient reaches the optimizer as before."""
+    import tensorflow_dynemb as de
+
+    params = de.get_variable("gather_rows_in_a_function", dim=4, initializer=tf.keras.initializers.Ones())
+    optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0))
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            rows, trainable = de.embedding_lookup(params, ids, name="probe", return_trainable=True)
+            loss = tf.reduce_sum(rows)
+        optimizer.apply_gradients([(tape.gradient(loss, trainable), trainable)])
+        return loss
+
+    ids = tf.constant([3, 5, 3], tf.int64)
+    types = {op.type for op in step.get_concrete_function(ids).graph.get_operations()}
+    assert "DynembGatherRows" in types and "ResourceGather" not in types
+    step(ids)
+    # Key 3 appears twice: its row took two gradient steps of 1.
+    np.testing.assert_array_equal(params.lookup(tf.constant([3, 5], tf.int64)).numpy(),
+                                  [[-1.0] * 4, [0.0] * 4])
