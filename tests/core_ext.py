@@ -48,9 +48,10 @@ def core_sources() -> list[Path]:
 
 
 def _all_inputs() -> list[Path]:
-    """Every file whose change makes a built extension stale."""
+    """Every file whose change makes a built extension (or test binary) stale."""
     found = []
-    for pattern in ("cc/core/*.h", "cc/core/*.cc", "cc/core/cpu/*", "cc/bindings/*"):
+    for pattern in ("cc/core/*.h", "cc/core/*.cc", "cc/core/cpu/*", "cc/bindings/*",
+                    "cc/core/tests/*.h"):
         found += [p for p in REPO.glob(pattern) if p.is_file()]
     return sorted(found)
 

@@ -15,6 +15,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import core_ext  # noqa: E402
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 SANITIZERS = {
     "none": ((), {}),
     "address": (("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g"),
@@ -47,3 +50,14 @@ def test_huge_pages_can_be_turned_off():
     """DYNEMB_HUGE_PAGES=0 leaves the big arrays' mappings unadvised (docs/tables.md)."""
     out = _run_core_tests("none", {"DYNEMB_HUGE_PAGES": "0", "CORE_TEST_ONLY": "huge_page_advice"})
     assert "[  OK  ] huge_page_advice" in out
+
+
+def test_running_out_of_memory_in_a_worker_thread_is_an_error():
+    """Memory that runs out mid-batch, on the batch's worker threads, gives
+    kResourceExhausted and a consistent table, not an abort
+    (cc/core/tests/out_of_memory_test.cc replaces operator new to fail on cue)."""
+    sources = core_ext.core_sources() + [core_ext.REPO / "cc/core/tests/out_of_memory_test.cc"]
+    binary = core_ext.build(sources, "out_of_memory_test", shared=False)
+    proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"{binary} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "out of memory tests passed" in proc.stdout

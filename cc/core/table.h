@@ -231,19 +231,27 @@ enum class StatusCode : int {
   kUnavailable = 14,  // a remote store (redis/) cannot be reached
 };
 
+// Copies of a Status share its message, so copying one allocates nothing: an
+// error made while memory was there (cpu_table.cc's out-of-memory error) can
+// be returned, and collected from worker threads, after memory has run out.
+// (Allocating in a std::bad_alloc handler throws again, and a throw that
+// leaves a thread pool's worker ends the process.)
 class Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+      : code_(code), message_(std::make_shared<const std::string>(std::move(message))) {}
   static Status Ok() { return Status(); }
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
-  const std::string& message() const { return message_; }
+  const std::string& message() const {
+    static const std::string kNoMessage;
+    return message_ ? *message_ : kNoMessage;
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
-  std::string message_;
+  std::shared_ptr<const std::string> message_;
 };
 
 inline Status InvalidArgument(std::string msg) {

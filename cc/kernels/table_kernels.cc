@@ -3,6 +3,7 @@
 #include "cc/kernels/table_kernels.h"
 
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -127,18 +128,30 @@ void CreateTableOp::Compute(OpKernelContext* ctx) {
 namespace {
 
 // A keys tensor as the core's batch representation. String keys become views
-// of the tensor's strings, valid while the tensor lives.
+// of the tensor's strings, valid while the tensor lives. Check status() before
+// use: the views of a large batch may not fit in memory, and a std::bad_alloc
+// leaving an op's Compute would end the process.
 class KeyBatch {
  public:
   explicit KeyBatch(const Tensor& keys) : n_(keys.NumElements()) {
-    if (keys.dtype() == tensorflow::DT_STRING) {
-      auto flat = keys.flat<tensorflow::tstring>();
-      views_.reserve(n_);
-      for (int64_t i = 0; i < n_; ++i) views_.emplace_back(flat(i).data(), flat(i).size());
-      data_ = views_.data();
-    } else {
+    if (keys.dtype() != tensorflow::DT_STRING) {
       data_ = keys.data();
+      return;
     }
+    auto flat = keys.flat<tensorflow::tstring>();
+    try {
+      views_.reserve(n_);
+    } catch (const std::bad_alloc&) {
+      out_of_memory_ = true;
+      return;
+    }
+    for (int64_t i = 0; i < n_; ++i) views_.emplace_back(flat(i).data(), flat(i).size());
+    data_ = views_.data();
+  }
+  absl::Status status() const {
+    if (!out_of_memory_) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of memory for the views of ", n_, " string keys; free memory, or pass smaller batches"));
   }
   const void* data() const { return data_; }
   int64_t size() const { return n_; }
@@ -146,6 +159,7 @@ class KeyBatch {
  private:
   int64_t n_;
   const void* data_ = nullptr;
+  bool out_of_memory_ = false;
   std::vector<std::string_view> views_;
 };
 
@@ -222,6 +236,7 @@ void FindOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
   OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &values));
   OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
   KeyBatch batch(keys);
+  OP_REQUIRES_OK(ctx, batch.status());
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().FindRows(
                           batch.data(), batch.size(), values->data(),
                           static_cast<bool*>(exists->data()), defaults.data(), per_key,
@@ -293,6 +308,7 @@ void InsertOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
   const uint64_t* scores;
   OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
   KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, batch.status());
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
                                                           ctx->input(2).data(), scores, runner)));
 }
@@ -302,6 +318,7 @@ void InsertAndEvictOp::ComputeWithTable(OpKernelContext* ctx, TableResource* res
   const uint64_t* scores;
   OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
   KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, batch.status());
   EvictedOutputs evicted;
   OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().InsertAndEvict(
@@ -321,6 +338,7 @@ void ImportOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
   OP_REQUIRES_OK(ctx, CheckInsertInputs(ctx, resource, &scores));
   if (restore_ && !resource->KeepsContentInCheckpoints()) return;
   KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, batch.status());
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().CheckedClear()));
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Insert(batch.data(), batch.size(),
                                                           ctx->input(2).data(), scores, runner)));
@@ -330,6 +348,7 @@ void AccumOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                                const Runner& runner) {
   OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
   KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, batch.status());
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Accum(
                           batch.data(), batch.size(), ctx->input(2).data(),
                           static_cast<const bool*>(ctx->input(3).data()), runner)));
@@ -339,6 +358,7 @@ void AccumAndEvictOp::ComputeWithTable(OpKernelContext* ctx, TableResource* reso
                                        const Runner& runner) {
   OP_REQUIRES_OK(ctx, CheckAccumInputs(ctx, resource));
   KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, batch.status());
   EvictedOutputs evicted;
   OP_REQUIRES_OK(ctx, evicted.Allocate(ctx, resource, batch.size()));
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().AccumAndEvict(
@@ -385,6 +405,7 @@ void ApplyRuleOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource
   step.grads = grads.data();
   step.new_rows = new_rows->data();
   KeyBatch batch(keys);
+  OP_REQUIRES_OK(ctx, batch.status());
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().ApplyRule(
                           batch.data(), batch.size(), ctx->input(4).data(), step, runner)));
 }
@@ -392,6 +413,7 @@ void ApplyRuleOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource
 void RemoveOp::ComputeWithTable(OpKernelContext* ctx, TableResource* resource,
                                 const Runner& runner) {
   KeyBatch batch(ctx->input(1));
+  OP_REQUIRES_OK(ctx, batch.status());
   OP_REQUIRES_OK(ctx, ToTfStatus(resource->table().Remove(batch.data(), batch.size(), runner)));
 }
 

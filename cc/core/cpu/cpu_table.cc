@@ -66,9 +66,16 @@ constexpr int kNoVictimRetries = 16;
 // Why a call failed when the table's memory ran out (std::bad_alloc). The
 // table stays consistent: it keeps what it held and the rows the batch
 // applied before.
-constexpr char kOutOfMemoryMessage[] =
+//
+// Both errors a new key can meet are made once, when the library loads:
+// returning a copy allocates nothing (table.h, Status), which matters where
+// memory has just run out.
+const Status kOutOfMemory(
+    StatusCode::kResourceExhausted,
     "out of memory: the table could not allocate memory for this call; free memory, or "
-    "bound the table with HkvHashTable's max_capacity";
+    "bound the table with HkvHashTable's max_capacity");
+const Status kOutOfRowIndices(StatusCode::kResourceExhausted,
+                              "a table shard ran out of row indices (2^32 - 1 keys per shard)");
 
 // Runs body(), which returns a Status; std::bad_alloc becomes that error.
 //
@@ -86,9 +93,28 @@ Status GuardMemory(Body&& body) {
   try {
     return body();
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kResourceExhausted, kOutOfMemoryMessage);
+    return kOutOfMemory;
   }
 }
+
+// The first error of calls that may run on several threads. Adding an error
+// allocates nothing (table.h, Status), so it serves where memory ran out.
+class FirstError {
+ public:
+  void Add(const Status& status) {
+    if (status.ok()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_.ok()) first_ = status;
+  }
+  Status Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_;
+  }
+
+ private:
+  std::mutex mu_;
+  Status first_;
+};
 
 // ---------------------------------------------------------------------------
 // Key traits: how a key type is stored in a row, viewed in a batch, compared.
@@ -1328,8 +1354,7 @@ class CpuTable final : public Table {
   template <typename Fn>
   Status ForEachGroup(const BatchPlan& plan, const Runner& runner, Fn&& fn) {
     const int groups = plan.groups;
-    std::mutex error_mu;
-    Status first_error;
+    FirstError first_error;
     const auto run = [&](int64_t first_group, int64_t last_group) {
       for (int64_t g = first_group; g < last_group; ++g) {
         const int first = GroupFirstShard(static_cast<int>(g), groups);
@@ -1337,12 +1362,8 @@ class CpuTable final : public Table {
         const uint32_t b = plan.begin[first], e = plan.begin[end];
         if (b == e) continue;
         // An exception must not escape a thread pool's worker.
-        const Status status = GuardMemory(
-            [&] { return fn(first, end, plan.order.data() + b, static_cast<int64_t>(e - b)); });
-        if (!status.ok()) {
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (first_error.ok()) first_error = status;
-        }
+        first_error.Add(GuardMemory(
+            [&] { return fn(first, end, plan.order.data() + b, static_cast<int64_t>(e - b)); }));
       }
     };
     if (groups == 1) {
@@ -1351,7 +1372,7 @@ class CpuTable final : public Table {
       // A group is one thread's whole share of the batch.
       runner.ParallelFor(groups, int64_t{1} << 30, run);
     }
-    return first_error;
+    return first_error.Get();
   }
 
   // Runs fn(shard index, shard, indices, count) for every shard the batch
@@ -1362,64 +1383,36 @@ class CpuTable final : public Table {
   }
 
   // The same over the n batch indices order[begin[s] .. begin[s + 1]) of
-  // each shard s; with `serial`, shards run one after another on this thread.
-  // A shard's error does not stop the other shards.
+  // each shard s; with `serial` (or a small batch), shards run one after
+  // another on this thread. A shard's error does not stop the other shards.
   template <typename Fn>
   Status ForEachShard(const std::array<uint32_t, kNumShards + 1>& begin, const uint32_t* order,
                       int64_t n, const Runner& runner, Fn&& fn, bool serial = false) {
-    return ForEachShardBlock(
-        begin, order, n, runner,
-        [&](const uint16_t* shards, int64_t num_shards, const uint32_t*, int64_t) {
-          Status first_error;
-          for (int64_t i = 0; i < num_shards; ++i) {
-            const int s = shards[i];
-            const uint32_t b = begin[s], e = begin[s + 1];
-            const Status status =
-                GuardMemory([&] { return fn(s, shards_[s], order + b, static_cast<int64_t>(e - b)); });
-            if (first_error.ok()) first_error = status;
-          }
-          return first_error;
-        },
-        serial);
-  }
-
-  // Runs fn(shards, num_shards, indices, count) on blocks of consecutive
-  // shards the batch touches (shards[0..num_shards) ascending; their keys'
-  // batch indices order[begin[shards[0]] ..], count of them, shard by shard),
-  // blocks in parallel; with `serial` (or a small batch), all of them as one
-  // block on this thread. Returns the first error.
-  template <typename Fn>
-  Status ForEachShardBlock(const std::array<uint32_t, kNumShards + 1>& begin, const uint32_t* order,
-                           int64_t n, const Runner& runner, Fn&& fn, bool serial = false) {
     // The shards the batch touches, in order. Only they are split among the
     // threads: a batch concentrated in a few shards (a checkpoint's rows come
-    // shard by shard) would otherwise fall into one thread's block of all
+    // shard by shard) would otherwise fall into one thread's range of all
     // kNumShards, and one thread would do all of it.
     std::array<uint16_t, kNumShards> touched;
     int64_t count = 0;
     for (int s = 0; s < kNumShards; ++s) {
       if (begin[s] != begin[s + 1]) touched[count++] = static_cast<uint16_t>(s);
     }
-    std::mutex error_mu;
-    Status first_error;
+    FirstError first_error;
     auto run = [&](int64_t first, int64_t last) {
-      if (first >= last) return;
-      const uint32_t b = begin[touched[first]], e = begin[touched[last - 1] + 1];
-      // An exception must not escape a thread pool's worker.
-      const Status status = GuardMemory(
-          [&] { return fn(touched.data() + first, last - first, order + b, static_cast<int64_t>(e - b)); });
-      if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (first_error.ok()) first_error = status;
+      for (int64_t i = first; i < last; ++i) {
+        const int s = touched[i];
+        const uint32_t b = begin[s], e = begin[s + 1];
+        // An exception must not escape a thread pool's worker.
+        first_error.Add(
+            GuardMemory([&] { return fn(s, shards_[s], order + b, static_cast<int64_t>(e - b)); }));
       }
     };
     if (serial || n < kParallelMinKeys || count <= 1) {
       run(0, count);
     } else {
-      // The thread pool hands `run` ranges of touched shards: each is a block.
       runner.ParallelFor(count, (n / count + 1) * 200, run);
     }
-    return first_error;
+    return first_error.Get();
   }
 
   // The slot holding `key`, or the empty slot that ends its probe sequence.
@@ -1550,7 +1543,7 @@ class CpuTable final : public Table {
     }
     const int64_t size = shard.size.load(std::memory_order_relaxed);
     uint32_t row = 0;
-    const char* failure = TakeSlotAndRow(shard, size, hash, key, &pos, &row);
+    const Status* failure = TakeSlotAndRow(shard, size, hash, key, &pos, &row);
     if (failure != nullptr) {
       if (room == Room::kFree) {
         ++pass.stash;  // the reserved unit was not used
@@ -1558,7 +1551,7 @@ class CpuTable final : public Table {
         --pass.size_delta;
         ++pass.released;
       }
-      *status = Status(StatusCode::kResourceExhausted, failure);
+      *status = *failure;
       return;
     }
     char* r = shard.rows.Row(row);
@@ -1579,10 +1572,11 @@ class CpuTable final : public Table {
   // Room in `shard` (holding `size` keys) for absent `key`: grows the slot
   // array when it is full (then *pos is where key's probe now ends) and
   // takes a row with the key constructed in it. Returns null, or why there
-  // is no room; then the shard holds what it held (it may have grown).
-  // Running out of memory is an error for the caller to report: an exception
-  // escaping a thread pool's worker would end the process.
-  const char* TakeSlotAndRow(Shard& shard, int64_t size, uint64_t hash, In key, uint64_t* pos,
+  // is no room (kOutOfMemory or kOutOfRowIndices); then the shard holds what
+  // it held (it may have grown). Running out of memory is an error for the
+  // caller to report: an exception escaping a thread pool's worker would end
+  // the process.
+  const Status* TakeSlotAndRow(Shard& shard, int64_t size, uint64_t hash, In key, uint64_t* pos,
                              uint32_t* row) {
     try {
       if (shard.NeedsGrowthFor(size + 1)) {
@@ -1590,10 +1584,10 @@ class CpuTable final : public Table {
         *pos = FindPosition(shard, hash, key);
       }
       if (!shard.rows.Allocate(row)) {
-        return "a table shard ran out of row indices (2^32 - 1 keys per shard)";
+        return &kOutOfRowIndices;
       }
     } catch (const std::bad_alloc&) {
-      return kOutOfMemoryMessage;
+      return &kOutOfMemory;
     }
     try {
       Traits::Construct(shard.rows.Row(*row), key);  // a long string key allocates
@@ -1601,7 +1595,7 @@ class CpuTable final : public Table {
       // A free row reads as dead to the scans of stamped rows.
       if (stamped_) SetAge(shard.rows.Row(*row), kDeadAge);
       shard.rows.Free(*row);
-      return kOutOfMemoryMessage;
+      return &kOutOfMemory;
     }
     return nullptr;
   }
@@ -2167,7 +2161,7 @@ std::unique_ptr<Table> NewCpuTable(const TableOptions& options, Status* status) 
       case KeyType::kString: return std::make_unique<CpuTable<std::string>>(options);
     }
   } catch (const std::bad_alloc&) {
-    *status = Status(StatusCode::kResourceExhausted, kOutOfMemoryMessage);
+    *status = kOutOfMemory;
     return nullptr;
   }
   *status = InvalidArgument("unknown key type");

@@ -6,7 +6,8 @@
 //   also clean under -fsanitize=address,undefined and -fsanitize=thread with
 //   TSAN_OPTIONS=detect_deadlocks=0.)
 //
-// tests/test_core_cpp.py builds and runs it under pytest. The exhaustive
+// tests/test_core_cpp.py builds and runs it under pytest (and, beside it,
+// out_of_memory_test.cc, which replaces operator new). The exhaustive
 // conformance tests are in Python (tests/test_core_conformance.py); this file
 // checks the C++ surface the bindings do not reach: the Runner contract,
 // ExportSink/ChunkSink/ByteSink/ByteSource/EvictedEntries use, the value
@@ -41,6 +42,7 @@
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
+#include "cc/core/tests/thread_runner.h"
 #include "cc/core/value_ops.h"
 
 namespace dynemb {
@@ -90,25 +92,6 @@ void RunThreads(int n, const std::function<void(int)>& fn) {
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
 }
-
-// A Runner that really runs ranges on several threads (tests the contract
-// the TF intra-op pool wrapper provides).
-class ThreadRunner : public Runner {
- public:
-  explicit ThreadRunner(int threads) : threads_(threads) {}
-  void ParallelFor(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) const override {
-    if (n <= 0) return;
-    const int64_t parts = std::min<int64_t>(threads_, n);
-    std::vector<std::thread> ts;
-    for (int64_t p = 1; p < parts; ++p) ts.emplace_back(fn, n * p / parts, n * (p + 1) / parts);
-    fn(0, n / parts);
-    for (auto& t : ts) t.join();
-  }
-  int Parallelism() const override { return threads_; }
-
- private:
-  int threads_;
-};
 
 std::unique_ptr<Table> MakeTable(KeyType key, ValueType value, int64_t dim,
                                  EvictStrategy strategy = EvictStrategy::kLru,
