@@ -26,6 +26,9 @@ BUILD_TIMEOUT_S = 3600
 
 pytestmark = [
     pytest.mark.slow,
+    # Minutes of compiling: CI builds with Bazel against its first TensorFlow only; the
+    # pip build (setup.py), which most users take, is built against every TensorFlow.
+    pytest.mark.once_in_ci,
     pytest.mark.skipif(BAZEL is None, reason="bazel is not on PATH (Debian: apt-get install "
                                              "bazel-bootstrap; .ci/run installs it)"),
 ]

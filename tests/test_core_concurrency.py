@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import core_ext  # noqa: E402
 from core_model import add_rows, assert_rows_equal, to_model  # noqa: E402
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 NUM_THREADS = 8
 DURATION_S = float(os.environ.get("DYNEMB_CONCURRENCY_SECONDS", "3"))
 KEYS_PER_THREAD = 2000

@@ -44,6 +44,9 @@ from core_model import (  # noqa: E402
     to_model,
 )
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 DIMS = (1, 7, 64, 300)
 # Examples per (key dtype, value dtype) pair; raise with DYNEMB_CONFORMANCE_EXAMPLES
 # for a longer soak.

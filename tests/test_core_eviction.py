@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import core_ext  # noqa: E402
 from core_model import model_key  # noqa: E402
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 STRATEGIES = ("lru", "lfu", "epoch_lru", "epoch_lfu", "customized")
 
 

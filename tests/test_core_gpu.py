@@ -23,6 +23,9 @@ import core_gpu_ext  # noqa: E402
 from test_core_conformance import *  # noqa: E402,F401,F403 (the tests, collected again)
 from test_core_eviction import *  # noqa: E402,F401,F403
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 STRING_KEYS_SKIP = "GPU tables take int32/int64 keys; string-keyed tables stay on the CPU"
 
 

@@ -24,6 +24,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import core_gpu_ext  # noqa: E402
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 INT32 = np.iinfo(np.int32)
 INT64 = np.iinfo(np.int64)
 DISTRIBUTIONS = ("uniform", "normal", "truncated_normal")

@@ -26,6 +26,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import core_ext  # noqa: E402
 import core_gpu_ext  # noqa: E402
 
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
+
 # rule: (slots, coefficients), from cc/core/update_rules.h.
 RULES = {
     "keras_adam": (2, 4), "adam_kernel": (2, 6), "keras_adagrad": (1, 2),

@@ -49,6 +49,7 @@ def test_cuda_sources_exist():
     assert CU_SOURCES, "no .cu sources under cc/"
 
 
+@pytest.mark.once_in_ci  # nvcc only, no TensorFlow
 def test_every_cu_source_compiles(tmp_path):
     nvcc = _nvcc()
     jobs = []
@@ -64,6 +65,7 @@ def test_every_cu_source_compiles(tmp_path):
     assert not failures, "\n\n".join(failures)
 
 
+@pytest.mark.once_in_ci  # no TensorFlow
 @pytest.mark.parametrize("source", sorted(REPO.glob("cc/bindings_gpu/*.cc")),
                          ids=lambda p: p.name)
 def test_gpu_binding_compiles(source):

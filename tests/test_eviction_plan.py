@@ -8,8 +8,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 import core_ext  # noqa: E402
+
+# TensorFlow is not used here: CI runs these with its first TensorFlow only (.ci/run).
+pytestmark = pytest.mark.once_in_ci
 
 REPO = core_ext.REPO
 
