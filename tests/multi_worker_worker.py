@@ -572,6 +572,24 @@ def policies(args):
     return policy_run(_strategy(args), len(args["workers"]), args["index"])
 
 
+def _without_error_stack_traces_on_tf_2_16():
+    """TF 2.16 can crash (SIGSEGV) reading the stack traces of a function whose collective
+    it has just aborted: `AtomicFunction.graph_debug_info`, which decorates the error's
+    message (CI, with faulthandler: "Collective has timed out", then the crash in
+    `context.get_graph_debug_info`). TF 2.21 runs the same Python without crashing. The
+    failover worker reports the error's type and message, so on TF 2.16 its message is
+    decorated without the traces."""
+    import tensorflow as tf
+
+    if tuple(int(part) for part in tf.__version__.split(".")[:2]) >= (2, 17):
+        return
+    from tensorflow.core.framework import graph_debug_info_pb2
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    atomic_function.AtomicFunction.graph_debug_info = property(
+        lambda self: graph_debug_info_pb2.GraphDebugInfo())
+
+
 def failover(args):
     """Trains with checkpoints until worker `victim` fails at step `fail_at`: `how`
     "kill" ends its process, "stall" makes it sleep `stall_seconds` (alive, its
@@ -579,6 +597,7 @@ def failover(args):
     step failed and how long it took; every worker reports what it had saved."""
     import tensorflow as tf
 
+    _without_error_stack_traces_on_tf_2_16()
     strategy = _strategy(args)
     rank, num_workers = args["index"], len(args["workers"])
     model = LoopModel(strategy, "adam")
