@@ -6,8 +6,8 @@
 # library against that TensorFlow; about 7 minutes on 2 cores). Later runs reuse
 # the virtualenv and only do an incremental `python setup.py build_ext --inplace`
 # (unchanged sources are not recompiled) before running pytest. The set-up is
-# scripts/setup_env.sh, shared with scripts/demo.sh. The suite takes about 13
-# minutes on 2 cores; its output ends with pytest's summary, and it leaves no
+# scripts/setup_env.sh, shared with scripts/demo.sh. The suite takes 13-25
+# minutes on 2 cores (the machine decides); its output ends with pytest's summary, and it leaves no
 # temporary files (tests/conftest.py: the run's own TMPDIR, checked at the end).
 #
 # Environment:

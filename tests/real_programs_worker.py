@@ -110,7 +110,7 @@ def input_spec():
     }
 
 
-def compile_model(model):
+def compile_model(model, steps_per_execution: int = 1):
     import tensorflow as tf
     import tensorflow_dynemb as de
 
@@ -118,6 +118,7 @@ def compile_model(model):
         optimizer=de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(1e-3)),
         loss=tf.keras.losses.MeanSquaredError(),
         metrics=[tf.keras.metrics.AUC(num_thresholds=1000)],
+        steps_per_execution=steps_per_execution,
     )
 
 
@@ -252,7 +253,7 @@ def ps_chief(args) -> Dict[str, Any]:
         model = build_model(
             devices=ps_devices, initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=0)
         )
-        compile_model(model)
+        compile_model(model, steps_per_execution=args.get("steps_per_execution", 1))
     model.fit(
         dataset(train_x, train_y, args["batch"]), steps_per_epoch=args["steps"], epochs=1, verbose=0
     )

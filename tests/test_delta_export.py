@@ -225,6 +225,9 @@ def _rows_at(generation, num_keys):
     return {int(key): (float(g), float(key)) for key, g, p in zip(k, last, present) if p}
 
 
+# What a kill at a random moment leaves is decided by our writer and its commit order,
+# not by TensorFlow's version: CI runs this minute-long test with its first TensorFlow.
+@pytest.mark.once_in_ci
 def test_writes_killed_at_random_moments_leave_whole_generations(tmp_path):
     """A trainer writing deltas in a loop is killed (SIGKILL) at random moments; after
     each kill a served copy that applies the directory holds exactly the table of one

@@ -370,6 +370,9 @@ def _generations_of(rows):
     return {row[0] for _, row in rows}
 
 
+# What a kill at a random moment leaves is decided by our writer and its commit order,
+# not by TensorFlow's version: CI runs these 20 processes with its first TensorFlow.
+@pytest.mark.once_in_ci
 def test_saves_killed_at_random_moments_leave_one_whole_generation(tmp_path):
     """A process saving a 3-shard variable in a loop is killed (SIGKILL) at random
     moments, 20 times; after each kill, a load gives exactly one whole generation,

@@ -140,6 +140,9 @@ def _client_ids(server, own):
     return ids - {mine}
 
 
+# The connection pool is the C++ Redis client's; the test sleeps a minute (the
+# shortest lifetime): CI runs it with its first TensorFlow.
+@pytest.mark.once_in_ci
 @pytest.mark.slow
 def test_connections_are_replaced_after_redis_connection_lifetime(tmp_path, redis_server):
     """redis_connection_lifetime (minutes) bounds how long a pooled connection lives: the
