@@ -380,12 +380,15 @@ def test_keyed_random_fill_draws_the_missing_rows_only(key_dtype, dtype):
     keys = tf.range(1000)
     keys = tf.strings.as_string(keys) if key_dtype == tf.string else tf.cast(keys, key_dtype)
     values = tf.random.stateless_normal([1000, 5], seed=[1, 2], dtype=dtype)
-    exists = tf.random.stateless_uniform([1000], seed=[3, 4]) < 0.5
     attrs = dict(dim=5, seed=11, distribution="truncated_normal", a=0.5, b=2.0)
-    filled = de._ops.ops.dynemb_keyed_random_fill(values, exists, keys, **attrs)
     drawn = de._ops.ops.dynemb_keyed_random(keys, dtype=dtype, **attrs)
-    want = tf.where(exists[:, tf.newaxis], values, drawn)
-    np.testing.assert_array_equal(filled.numpy(), want.numpy())
+    half = tf.random.stateless_uniform([1000], seed=[3, 4]) < 0.5
+    one_missing = tf.range(1000) != 997
+    # Half missing; none (the op draws nothing); one, near the end; all.
+    for exists in (half, tf.ones([1000], tf.bool), one_missing, tf.zeros([1000], tf.bool)):
+        filled = de._ops.ops.dynemb_keyed_random_fill(values, exists, keys, **attrs)
+        want = tf.where(exists[:, tf.newaxis], values, drawn)
+        np.testing.assert_array_equal(filled.numpy(), want.numpy())
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="values"):
         de._ops.ops.dynemb_keyed_random_fill(values[:, :4], exists, keys, **attrs)
     huge = dict(attrs, dim=2**62)  # its output's shape would overflow

@@ -103,6 +103,13 @@ class GatherRowsOp : public OpKernel {
         default: return CopyRows<0>(src, index, first, last, row_bytes, dst);
       }
     };
+    if (n < kParallelMinRows) {
+      // A per-feature table's read (a batch's rows, one feature): tens of
+      // microseconds, less than handing half of it to a pool thread costs when a
+      // step runs many such ops at once (issue 35: 206 us per op before).
+      copy_rows(0, n);
+      return;
+    }
     auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
     // ~2 cache misses' worth of cycles per row, so that TF splits large reads.
     tensorflow::Shard(pool->num_threads, pool->workers, n, /*cost_per_unit=*/200 + row_bytes,
@@ -111,6 +118,10 @@ class GatherRowsOp : public OpKernel {
 
  private:
   static constexpr int64_t kPrefetchRows = 8;
+  // Below this many rows the calling thread copies them all (one miss per row:
+  // about the work of the core table's 4,096-key parallel threshold, two misses
+  // per key).
+  static constexpr int64_t kParallelMinRows = 8192;
 
   // Copies rows index[first .. last) of `src` to rows first .. last of `dst`;
   // kBytes > 0 is row_bytes as a constant (inlined copies).
