@@ -67,8 +67,8 @@ REGISTER_OP("DynembGatherRows")
     .SetShapeFn(GatherRowsShape)
     .Doc(R"doc(
 ResourceGather of the rows `indices` (a vector) of a resource variable of rank
->= 1, on the CPU: the rows copied in parallel blocks, each prefetching the rows
-it reads next. Its gradient is ResourceGather's (tensorflow_dynemb.variable.step_ops).
+>= 1, on the CPU: the rows copied with prefetching of the rows read next, on
+the calling thread below 8,192 rows and in parallel blocks above. Its gradient is ResourceGather's (tensorflow_dynemb.variable.step_ops).
 )doc");
 
 REGISTER_OP("DynembUnique")
