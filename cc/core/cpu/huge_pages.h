@@ -14,8 +14,11 @@
 // 2 MiB page resident for a few rows.
 //
 // DYNEMB_HUGE_PAGES=0 in the environment keeps the mappings on 4 KiB pages
-// (for hosts where huge-page faults stall on memory compaction). Advice only:
-// a kernel with transparent huge pages off does the same.
+// (for hosts where huge-page faults stall on memory compaction, or where a
+// fresh 2 MiB page costs more than its TLB reach repays: on the development
+// VM a growing table's training step ran 4-13% slower with huge pages,
+// docs/benchmarks.md "Growing tables and fresh memory"). Advice only: a kernel
+// with transparent huge pages off does the same.
 
 #ifndef DYNEMB_CORE_CPU_HUGE_PAGES_H_
 #define DYNEMB_CORE_CPU_HUGE_PAGES_H_
