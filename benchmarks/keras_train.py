@@ -138,6 +138,12 @@ def _embedding_layers(impl, vocabularies):
 
     keras = tf.keras
     init = keras.initializers.RandomNormal(0.0, 0.01)
+    if impl == "ceiling":
+        # A free embedding in the same model: per-feature, its rows still go through the
+        # model's Concatenate (26 rows of 64 bytes per example, ~4 ms a step at batch
+        # 4096: docs/benchmarks.md, "The per-feature ceiling"), the model's cost.
+        fixed = _fixed_rows_layer()
+        return lambda name: fixed(name=f"{name}_fixed")
     if impl in ("ours", "ours-untracked"):
         import tensorflow_dynemb as de
 
@@ -170,17 +176,17 @@ def _embedding_layers(impl, vocabularies):
 
 
 def _fixed_rows_layer():
-    """The ceiling's stand-in for the embedding: a constant `[batch, n, DIM]` tensor, so
-    the MLP, the loss and the input pipeline are the model's, and no embedding runs."""
+    """The ceiling's stand-in for an embedding: constant rows, `[batch, n, DIM]` for ids
+    of shape `[batch, n]`, so the model, the loss and the input pipeline are the
+    model's, and no embedding runs."""
     import numpy as np
     import tensorflow as tf
 
     class FixedRows(tf.keras.layers.Layer):
-        def __init__(self, n, **kwargs):
-            super().__init__(**kwargs)
-            self.n = n
+        def build(self, input_shape):
             rng = np.random.default_rng(0)
-            self.rows = tf.constant(rng.normal(0.0, 0.01, (n, DIM)).astype(np.float32))
+            self.n = int(input_shape[-1])
+            self.rows = tf.constant(rng.normal(0.0, 0.01, (self.n, DIM)).astype(np.float32))
 
         def call(self, ids):
             batch = tf.shape(ids)[0]
@@ -224,16 +230,7 @@ def build_model(impl, layout, vocabularies=None, mlp=(64, 32), optimizer="adam")
         model_inputs = inputs
     else:
         model_inputs = [keras.Input(shape=(1,), dtype="int64", name=f"f{i}") for i in range(FEATURES)]
-    if impl == "ceiling" and layout == "shared":
-        x = keras.layers.Flatten()(_fixed_rows_layer()(FEATURES, name="fixed_rows")(inputs))
-    elif impl == "ceiling":
-        # The per-feature model's structure with free embeddings: its Concatenate of 26
-        # [batch, 1, DIM] rows costs ~4 ms a step at batch 4096 (docs/benchmarks.md,
-        # "The per-feature ceiling"), which is the model's, not the embedding's.
-        fixed = _fixed_rows_layer()
-        rows = [fixed(1, name=f"fixed_rows{i}")(x) for i, x in enumerate(model_inputs)]
-        x = keras.layers.Flatten()(keras.layers.Concatenate(axis=1)(rows))
-    elif layout == "shared":
+    if layout == "shared":
         rows = _embedding_layers(impl, vocabularies)("emb")(inputs)
         x = keras.layers.Flatten()(rows)
     else:
