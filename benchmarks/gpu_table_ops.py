@@ -21,10 +21,12 @@ and 64, a table of `--capacity` slots (64M) filled to `--load-factor` (0.5), bat
   load factor stays near the target).
 
 Each call goes through `Table.find_device` / `Table.insert_device` (raw device addresses,
-no copies); a figure is the number of keys over the wall time of `--repeats` calls
-between two synchronizations, best of 3 passes after a warm-up call. Insert calls
-include what the GPU table does per write batch: the radix sort that groups duplicate
-keys and one host synchronization (cc/core/gpu/gpu_table.h).
+no copies) on the array library's current stream (`stream=`), so that a key buffer the
+library frees and hands out again is not read by a write still queued; a figure is the
+number of keys over the wall time of `--repeats` calls between two synchronizations,
+best of 3 passes after a warm-up call. Insert calls include what the GPU table does per
+write batch (cc/core/gpu/gpu_table.h): a BatchSet of the distinct keys, and a host
+synchronization only when the table may have to grow.
 
 Fill: the table is filled with `--fill-batch` keys (4M) per insert_device call, from one
 random value buffer, after a warm-up of the array library's kernels and of the table's on a
@@ -121,6 +123,10 @@ class CupyArrays:
     def ptr(a):
         return a.data.ptr
 
+    def stream(self):
+        """The current stream, for the table's *_device calls (see `on_stream`)."""
+        return self.cp.cuda.get_current_stream().ptr
+
     def sync(self):
         self.cp.cuda.Device().synchronize()
 
@@ -175,6 +181,9 @@ class TorchArrays:
     @staticmethod
     def ptr(a):
         return a.data_ptr()
+
+    def stream(self):
+        return self.torch.cuda.current_stream().cuda_stream
 
     def sync(self):
         self.torch.cuda.synchronize()
@@ -236,7 +245,8 @@ class Filler:
         for b in range(0, n, self.fill_batch):
             m = min(self.fill_batch, n - b)
             keys = arrays.keys(arrays.arange(first_id + b, m))
-            table.insert_device(arrays.ptr(keys), m, arrays.ptr(self.values))
+            table.insert_device(arrays.ptr(keys), m, arrays.ptr(self.values),
+                                stream=arrays.stream())
         arrays.sync()
         return time.perf_counter() - start
 
@@ -251,11 +261,11 @@ def warm_up(module, arrays, dim):
     values = arrays.rows(256, dim)
     out = arrays.empty_rows(256, dim)
     exists = arrays.flags(256)
-    table.insert_device(arrays.ptr(keys), 256, arrays.ptr(values))
+    table.insert_device(arrays.ptr(keys), 256, arrays.ptr(values), stream=arrays.stream())
     table.find_device(arrays.ptr(keys), 256, arrays.ptr(out), arrays.ptr(arrays.zeros_row(dim)),
-                      arrays.ptr(exists))
+                      arrays.ptr(exists), stream=arrays.stream())
     if hasattr(table, "assign_device"):
-        table.assign_device(arrays.ptr(keys), 256, arrays.ptr(values))
+        table.assign_device(arrays.ptr(keys), 256, arrays.ptr(values), stream=arrays.stream())
     arrays.sync()
     del table
 
@@ -287,10 +297,11 @@ def bench_dim(module, arrays, dim, args):
 
     def find(c):
         table.find_device(arrays.ptr(present[c % num_batches]), batch, arrays.ptr(out),
-                          arrays.ptr(default))
+                          arrays.ptr(default), stream=arrays.stream())
 
     def assign(c):
-        table.insert_device(arrays.ptr(present[c % num_batches]), batch, arrays.ptr(values))
+        table.insert_device(arrays.ptr(present[c % num_batches]), batch, arrays.ptr(values),
+                            stream=arrays.stream())
 
     result = {
         "dim": dim,
@@ -307,7 +318,7 @@ def bench_dim(module, arrays, dim, args):
     def insert_new(c):
         keys = arrays.keys(arrays.arange(next_id[0], batch))
         next_id[0] += batch
-        table.insert_device(arrays.ptr(keys), batch, arrays.ptr(values))
+        table.insert_device(arrays.ptr(keys), batch, arrays.ptr(values), stream=arrays.stream())
 
     result["insert_or_assign (new keys)"] = rate(insert_new, 4, batch, arrays, passes=1)
     result["final_load"] = table.size() / (slots_limit * 4 / 3)
@@ -436,11 +447,12 @@ def hkv_table(module, arrays, args, spec, device):
     def call(api, keys):
         k = arrays.ptr(keys)
         if api == "find":
-            table.find_device(k, batch, arrays.ptr(out), arrays.ptr(default), arrays.ptr(exists))
+            table.find_device(k, batch, arrays.ptr(out), arrays.ptr(default), arrays.ptr(exists),
+                              stream=arrays.stream())
         elif api == "insert_or_assign":
-            table.insert_device(k, batch, arrays.ptr(values))
+            table.insert_device(k, batch, arrays.ptr(values), stream=arrays.stream())
         else:
-            table.assign_device(k, batch, arrays.ptr(values))
+            table.assign_device(k, batch, arrays.ptr(values), stream=arrays.stream())
 
     def measure(api, hit, lf, sampler):
         result = {"api": api, "dim": dim, "load_factor": lf, "hit_rate": hit,

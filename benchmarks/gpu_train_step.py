@@ -68,6 +68,8 @@ def main() -> int:
 
     dim, rows = args.dim, args.rows
     rng = cp.random.RandomState(1)
+    # The step's work goes on CuPy's stream: ordered with the arrays it reads.
+    stream = cp.cuda.get_current_stream().ptr
     coefficients = np.array([1e-3, 0.1, 0.001, 1e-7], np.float32)  # Keras Adam, step 1
     tables = []
     t0 = time.perf_counter()
@@ -77,10 +79,9 @@ def main() -> int:
         keys = cp.arange(rows, dtype=cp.int64) * 2654435761 + t
         values = rng.standard_normal((rows, dim), dtype=cp.float32) * 0.05
         state = cp.zeros((rows, 2 * dim), cp.float32)
-        params.insert_device(keys.data.ptr, rows, values.data.ptr)
-        slots.insert_device(keys.data.ptr, rows, state.data.ptr)
-        params.synchronize()
-        slots.synchronize()
+        params.insert_device(keys.data.ptr, rows, values.data.ptr, stream=stream)
+        slots.insert_device(keys.data.ptr, rows, state.data.ptr, stream=stream)
+        cp.cuda.get_current_stream().synchronize()
         del values, state
         hot = keys[rng.permutation(rows)[:args.distinct]]
         ids = hot[rng.randint(0, args.distinct, size=args.ids)]
@@ -93,13 +94,11 @@ def main() -> int:
 
     def one_step():
         for _, _, step, ids, out, grads in tables:
-            step.forward_device(ids.data.ptr, args.ids, out.data.ptr)
-            step.backward_device(grads.data.ptr, coefficients)
+            step.forward_device(ids.data.ptr, args.ids, out.data.ptr, stream=stream)
+            step.backward_device(grads.data.ptr, coefficients, stream=stream)
 
     def sync():
-        for params, slots, *_ in tables:
-            params.synchronize()
-            slots.synchronize()
+        cp.cuda.get_current_stream().synchronize()
 
     one_step()
     sync()

@@ -14,8 +14,9 @@
 #    against the CPU core (test_core_gpu_step.py), partition and keyed random
 #    (test_core_gpu_keyed.py).
 # 4. The benchmarks, one after the other on the quiet GPU: ours
-#    (benchmarks/gpu_table_ops.py, both ways of measuring; benchmarks/gpu_train_step.py),
-#    then HKV's, then the side-by-side table (benchmarks/hkv/compare.py).
+#    (benchmarks/gpu_table_ops.py, both ways of measuring; benchmarks/gpu_train_step.py;
+#    benchmarks/gpu_kernel_profile.py, per-kernel device time through PyTorch's
+#    profiler), then HKV's, then the side-by-side table (benchmarks/hkv/compare.py).
 # Logs, JSON and compare.md go to OUT_DIR (about 15 files). About 6 minutes on a fresh H200
 # machine. Exit status: nonzero if the build, a test or a benchmark failed.
 # Through the device tool, whose $OUT brings back at most 8 files, bundle them:
@@ -68,6 +69,12 @@ timeout 150 python3 benchmarks/gpu_train_step.py --out "$out/gpu_train_step.json
 step=$?
 tail -20 "$out/train_step.log"
 
+say "ours: kernel profile"
+timeout 150 python3 benchmarks/gpu_kernel_profile.py --out "$out/gpu_kernel_profile.json" \
+  > "$out/kernel_profile.log" 2>&1
+profile=$?
+tail -80 "$out/kernel_profile.log"
+
 say "HKV: run"
 HKV_TIMEOUT=120 timeout 200 bash benchmarks/hkv/run_hkv.sh "$out" > "$out/hkv_run.log" 2>&1
 hkv=$(( hkv != 0 || $? != 0 ))
@@ -75,5 +82,5 @@ tail -5 "$out/hkv_run.log"
 
 python3 benchmarks/hkv/compare.py "$out" > "$out/compare.md" 2>&1
 cat "$out/compare.md"
-say "done: tests=$tests bench=$bench step=$step hkv=$hkv"
-exit $(( tests != 0 || bench != 0 || step != 0 || hkv != 0 ))
+say "done: tests=$tests bench=$bench step=$step profile=$profile hkv=$hkv"
+exit $(( tests != 0 || bench != 0 || step != 0 || profile != 0 || hkv != 0 ))

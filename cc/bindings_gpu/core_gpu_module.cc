@@ -7,17 +7,21 @@
 //
 // GPU-only additions:
 //   _core_gpu.gpu_available() -> (bool, reason)
-//   Table.find_device(keys_ptr, n, values_ptr, default_ptr, exists_ptr=0)
-//   Table.insert_device(keys_ptr, n, values_ptr, scores_ptr=0)
-//   Table.assign_device(keys_ptr, n, values_ptr, scores_ptr=0), Table.assign(keys, values)
+//   Table.find_device(keys_ptr, n, values_ptr, default_ptr, exists_ptr=0, stream=None)
+//   Table.insert_device(keys_ptr, n, values_ptr, scores_ptr=0, stream=None)
+//   Table.assign_device(keys_ptr, n, values_ptr, scores_ptr=0, stream=None),
+//   Table.assign(keys, values)
 //   EmbeddingStep(params, slots, rule, ...): forward / backward (host arrays),
-//     forward_device / backward_device (device addresses)
+//     forward_device / backward_device (device addresses, stream=None)
 //   Table.synchronize()
 // The *_device methods take raw device addresses (e.g. a CuPy array's
-// .data.ptr) and queue the GPU table's work on the table's stream without
-// copies or host synchronization beyond what the GPU table itself does
-// (gpu_table.h); call synchronize() before reading the results. They exist
-// for benchmarks: nothing checks the addresses.
+// .data.ptr) and queue the GPU table's work without copies or host
+// synchronization beyond what the GPU table itself does (gpu_table.h): on the
+// table's own stream (stream=None; call synchronize() before reading the
+// results), or on the caller's (stream=<cudaStream_t as int>), which orders
+// the work with the caller's kernels and allocator. A caller whose arrays
+// may be freed or rewritten before it synchronizes must pass its stream
+// (RunnerFor). They exist for benchmarks: nothing checks the addresses.
 //
 // Built only with CUDA (setup.py: DYNEMB_CUDA=1), compiled by the host
 // compiler and linked with the nvcc-compiled cc/core/gpu objects.
@@ -61,6 +65,19 @@ StagedGpuTable& Staged(Table& table) {
 template <typename T>
 T* Address(uintptr_t address) {
   return reinterpret_cast<T*>(address);
+}
+
+// The runner a *_device call queues its work with: the table's own stream
+// (stream None), or the caller's stream (an int: a cudaStream_t such as
+// CuPy's `get_current_stream().ptr` or PyTorch's `current_stream().cuda_stream`;
+// 0 is the legacy default stream). On the caller's stream the work is ordered
+// after what the caller queued there (the keys being written, say) and before
+// what it queues next (a reuse of their memory): without it, an asynchronous
+// write could read keys the caller's allocator has already handed out again.
+GpuRunner RunnerFor(const Runner& table_runner, const pybind11::object& stream) {
+  const GpuRunner& own = static_cast<const GpuRunner&>(table_runner);
+  if (stream.is_none()) return own;
+  return GpuRunner(reinterpret_cast<cudaStream_t>(stream.cast<uintptr_t>()), own.scratch());
 }
 
 // Device memory for one call's staging (the host-array methods of EmbeddingStep).
@@ -128,21 +145,25 @@ class PyEmbeddingStep {
     rule_coefficients_ = UpdateRuleCoefficients(o.rule) + (weight_decay ? 2 : 0);
   }
 
-  void ForwardDevice(uintptr_t ids, int64_t n, uintptr_t out) {
+  void ForwardDevice(uintptr_t ids, int64_t n, uintptr_t out, const pybind11::object& stream) {
+    const GpuRunner on = RunnerFor(runner(), stream);
     Status status;
     {
       pybind11::gil_scoped_release release;
-      status = step_->Forward(Address<const void>(ids), n, Address<void>(out), runner());
+      status = step_->Forward(Address<const void>(ids), n, Address<void>(out), on);
     }
     ThrowIfError(status);
   }
 
-  void BackwardDevice(uintptr_t grads, const pybind11::handle& coefficients) {
+  void BackwardDevice(uintptr_t grads, const pybind11::handle& coefficients,
+                      const pybind11::object& stream) {
     pybind11::array c = Coefficients(coefficients);
+    const void* c_data = c.data();  // with the GIL
+    const GpuRunner on = RunnerFor(runner(), stream);
     Status status;
     {
       pybind11::gil_scoped_release release;
-      status = step_->Backward(Address<const void>(grads), c.data(), runner());
+      status = step_->Backward(Address<const void>(grads), c_data, on);
     }
     ThrowIfError(status);
   }
@@ -150,19 +171,24 @@ class PyEmbeddingStep {
   // Host arrays: ids [n] -> rows [n, dim].
   pybind11::array Forward(const pybind11::handle& ids_obj) {
     KeyBatch ids = ToKeyBatch(options_, ids_obj);
-    const size_t row_bytes = options_.value_bytes();
-    StagingBuffer d_ids(ids.numeric.nbytes());
-    StagingBuffer d_out(ids.n * row_bytes);
+    // Sizes and addresses are read while the GIL is held: py::array's
+    // accessors may touch Python objects (the dtype).
+    const size_t ids_bytes = static_cast<size_t>(ids.numeric.nbytes());
+    const void* ids_data = ids.data();
+    const size_t out_bytes = static_cast<size_t>(ids.n) * options_.value_bytes();
+    StagingBuffer d_ids(ids_bytes);
+    StagingBuffer d_out(out_bytes);
     pybind11::array out(ValueDtype(options_.value_type), RowsShape(ids, options_.dim));
+    void* out_data = out.mutable_data();
     Status status;
     {
       pybind11::gil_scoped_release release;
       const cudaStream_t stream = runner().stream();
-      status = CudaStatus(cudaMemcpyAsync(d_ids.get(), ids.data(), ids.numeric.nbytes(),
+      status = CudaStatus(cudaMemcpyAsync(d_ids.get(), ids_data, ids_bytes,
                                           cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
       if (status.ok()) status = step_->Forward(d_ids.get(), ids.n, d_out.get(), runner());
       if (status.ok()) {
-        status = CudaStatus(cudaMemcpyAsync(out.mutable_data(), d_out.get(), ids.n * row_bytes,
+        status = CudaStatus(cudaMemcpyAsync(out_data, d_out.get(), out_bytes,
                                             cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
       }
       if (status.ok()) status = params_.Synchronize();
@@ -175,14 +201,17 @@ class PyEmbeddingStep {
   void Backward(const pybind11::handle& grads_obj, const pybind11::handle& coefficients) {
     pybind11::array grads = ToValueArray(options_, grads_obj, "grads");
     pybind11::array c = Coefficients(coefficients);
+    const size_t grads_bytes = static_cast<size_t>(grads.nbytes());  // with the GIL
+    const void* grads_data = grads.data();
+    const void* c_data = c.data();
+    StagingBuffer d_grads(grads_bytes);
     Status status;
     {
       pybind11::gil_scoped_release release;
-      StagingBuffer d_grads(grads.nbytes());
       const cudaStream_t stream = runner().stream();
-      status = CudaStatus(cudaMemcpyAsync(d_grads.get(), grads.data(), grads.nbytes(),
+      status = CudaStatus(cudaMemcpyAsync(d_grads.get(), grads_data, grads_bytes,
                                           cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
-      if (status.ok()) status = step_->Backward(d_grads.get(), c.data(), runner());
+      if (status.ok()) status = step_->Backward(d_grads.get(), c_data, runner());
       if (status.ok()) status = params_.Synchronize();
     }
     ThrowIfError(status);
@@ -241,58 +270,72 @@ void AddGpuBindings(pybind11::module_& m, pybind11::class_<PyTableT>& table_clas
       .def("backward", &Step::Backward, py::arg("grads"), py::arg("coefficients"),
            "grads [n, dim] of the last forward's rows; coefficients as apply_rule's.")
       .def("forward_device", &Step::ForwardDevice, py::arg("ids_ptr"), py::arg("n"),
-           py::arg("out_ptr"), "forward on device memory (returns after one host sync).")
+           py::arg("out_ptr"), py::arg("stream") = py::none(),
+           "forward on device memory (returns after one host sync); stream: as "
+           "Table.find_device's.")
       .def("backward_device", &Step::BackwardDevice, py::arg("grads_ptr"),
-           py::arg("coefficients"), "backward on device memory (asynchronous).")
+           py::arg("coefficients"), py::arg("stream") = py::none(),
+           "backward on device memory (asynchronous); stream: as Table.find_device's.")
       .def_property_readonly("num_unique", &Step::num_unique);
   table_class
       .def("find_device",
            [](PyTableT& t, uintptr_t keys, int64_t n, uintptr_t values, uintptr_t defaults,
-              uintptr_t exists) {
+              uintptr_t exists, const py::object& stream) {
              StagedGpuTable& s = Staged(t.table());
+             const GpuRunner on = RunnerFor(s.gpu_runner(), stream);
              Status status;
              {
                py::gil_scoped_release release;
                status = s.gpu_table().Find(Address<const void>(keys), n, Address<void>(values),
                                            Address<bool>(exists), Address<const void>(defaults),
-                                           /*default_per_key=*/false, s.gpu_runner());
+                                           /*default_per_key=*/false, on);
              }
              ThrowIfError(status);
            },
            py::arg("keys_ptr"), py::arg("n"), py::arg("values_ptr"), py::arg("default_ptr"),
-           py::arg("exists_ptr") = 0,
+           py::arg("exists_ptr") = 0, py::arg("stream") = py::none(),
            "find on device memory: keys [n], values [n, dim] out, one default row, "
-           "exists [n] bool out (0: not wanted). Asynchronous: call synchronize().")
+           "exists [n] bool out (0: not wanted). Asynchronous. stream None: the table's "
+           "own stream (call synchronize()); an int: the caller's cudaStream_t (e.g. "
+           "cupy.cuda.get_current_stream().ptr; 0: the legacy default stream), ordered "
+           "with the caller's work there: use it whenever the caller frees or rewrites "
+           "the arrays before synchronizing.")
       .def("insert_device",
-           [](PyTableT& t, uintptr_t keys, int64_t n, uintptr_t values, uintptr_t scores) {
+           [](PyTableT& t, uintptr_t keys, int64_t n, uintptr_t values, uintptr_t scores,
+              const py::object& stream) {
              StagedGpuTable& s = Staged(t.table());
+             const GpuRunner on = RunnerFor(s.gpu_runner(), stream);
              Status status;
              {
                py::gil_scoped_release release;
                status = s.gpu_table().Insert(Address<const void>(keys), n,
                                              Address<const void>(values),
-                                             Address<const uint64_t>(scores), s.gpu_runner());
+                                             Address<const uint64_t>(scores), on);
              }
              ThrowIfError(status);
            },
            py::arg("keys_ptr"), py::arg("n"), py::arg("values_ptr"), py::arg("scores_ptr") = 0,
+           py::arg("stream") = py::none(),
            "insert (insert-or-assign) from device memory: keys [n], values [n, dim], "
-           "scores [n] uint64 (0: none).")
+           "scores [n] uint64 (0: none). Asynchronous; stream: as find_device's.")
       .def("assign_device",
-           [](PyTableT& t, uintptr_t keys, int64_t n, uintptr_t values, uintptr_t scores) {
+           [](PyTableT& t, uintptr_t keys, int64_t n, uintptr_t values, uintptr_t scores,
+              const py::object& stream) {
              StagedGpuTable& s = Staged(t.table());
              GpuTableOps* ops = AsGpuTableOps(&s.gpu_table());
+             const GpuRunner on = RunnerFor(s.gpu_runner(), stream);
              Status status;
              {
                py::gil_scoped_release release;
                status = ops->Assign(Address<const void>(keys), n, Address<const void>(values),
-                                    Address<const uint64_t>(scores), s.gpu_runner());
+                                    Address<const uint64_t>(scores), on);
              }
              ThrowIfError(status);
            },
            py::arg("keys_ptr"), py::arg("n"), py::arg("values_ptr"), py::arg("scores_ptr") = 0,
+           py::arg("stream") = py::none(),
            "assign (update the keys present, insert nothing) from device memory: keys [n], "
-           "values [n, dim], scores [n] uint64 (0: none). Asynchronous: call synchronize().")
+           "values [n, dim], scores [n] uint64 (0: none). Asynchronous; stream: as find_device's.")
       .def("assign",
            [](PyTableT& t, const py::handle& keys_obj, const py::handle& values_obj) {
              const TableOptions& o = t.options();

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Where the GPU core's time goes: per-kernel device time of one operation, from
+PyTorch's profiler (CUPTI sees every kernel in the process, ours included).
+
+    python benchmarks/gpu_kernel_profile.py [--out OUT.json] [--quick]
+
+Needs a CUDA GPU, PyTorch and `tensorflow_dynemb._core_gpu` (built by
+tests/core_gpu_ext.py). Profiled, each after a warm-up call, on a table of 64M slots
+filled to load 0.5 (HKV's benchmark setting, as benchmarks/gpu_table_ops.py's "HKV way"):
+
+* insert (insert-or-assign) of 1M keys, 60% and 100% present, dims 8 and 64;
+* assign and find of 1M keys, 60% present;
+* one embedding training step (benchmarks/gpu_train_step.py's setting, 2 tables
+  instead of 10: the per-table work is the same).
+
+For each: wall time of the call (synchronized), the device time of each kernel and copy,
+and how many host synchronizations the call made (cudaStreamSynchronize and
+cudaMemcpy* calls, from the CPU side of the trace). This is the "profile first" step of
+docs/benchmarks.md's prediction-and-outcome habit for issue 36.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+GOLDEN = 0x9E3779B97F4A7C15
+CAPACITY = 1 << 26
+BATCH = 1 << 20
+
+
+def profile(torch, name, fn, results):
+    """Runs fn once untimed, then once under the profiler; records the breakdown."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    device = defaultdict(float)
+    host_syncs = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            device[e.name[:90]] += getattr(e, "device_time_total", None) or e.cuda_time_total
+        elif e.name in ("cudaStreamSynchronize", "cudaMemcpy", "cudaMemcpyAsync",
+                        "cudaDeviceSynchronize", "cudaEventSynchronize"):
+            host_syncs += 1
+    kernels = sorted(device.items(), key=lambda kv: -kv[1])
+    total = sum(device.values())
+    results.append({"what": name, "wall_us": wall * 1e6, "device_us": total,
+                    "host_sync_calls": host_syncs,
+                    "kernels_us": [[k, round(v, 1)] for k, v in kernels[:12]]})
+    print(f"\n{name}: wall {wall * 1e6:.0f} us, device {total:.0f} us, "
+          f"sync/copy calls {host_syncs}")
+    for k, v in kernels[:12]:
+        print(f"  {v:9.1f} us  {k}")
+
+
+def keys_of(torch, ids):
+    return ids.to(torch.int64) * torch.tensor(GOLDEN - (1 << 64), device="cuda")
+
+
+def table_section(torch, gpu, dim, results, quick):
+    stream = torch.cuda.current_stream().cuda_stream
+    table = gpu.Table("int64", "float32", dim, init_capacity=CAPACITY * 3 // 4)
+    stored = CAPACITY // 2 if not quick else CAPACITY // 16
+    values = torch.randn((BATCH, dim), device="cuda")
+    fill = 1 << 22
+    fill_values = torch.zeros((fill, dim), device="cuda")
+    for b in range(0, stored, fill):
+        keys = keys_of(torch, torch.arange(b, b + fill, device="cuda"))
+        table.insert_device(keys.data_ptr(), fill, fill_values.data_ptr(), stream=stream)
+    torch.cuda.synchronize()
+    assert table.size() == stored, (table.size(), stored)
+    del fill_values
+    out = torch.empty((BATCH, dim), device="cuda")
+    default = torch.zeros(dim, device="cuda")
+    next_new = [1 << 40]
+
+    def batch(hit):
+        present = int(BATCH * hit)
+        ids = [torch.randperm(stored, device="cuda")[:present]]
+        if BATCH - present:
+            ids.append(torch.arange(next_new[0], next_new[0] + BATCH - present, device="cuda"))
+            next_new[0] += BATCH - present
+        return keys_of(torch, torch.cat(ids))
+
+    for hit in (0.6, 1.0):
+        prepared = [batch(hit), batch(hit)]  # one for the warm-up call, one profiled
+        profile(torch, f"dim {dim} insert {int(hit * 100)}% present",
+                lambda: table.insert_device(prepared.pop().data_ptr(), BATCH,
+                                            values.data_ptr(), stream=stream), results)
+    for api in ("assign", "find"):
+        prepared = [batch(0.6), batch(0.6)]
+        if api == "assign":
+            call = lambda: table.assign_device(prepared.pop().data_ptr(), BATCH,  # noqa: E731
+                                               values.data_ptr(), stream=stream)
+        else:
+            call = lambda: table.find_device(prepared.pop().data_ptr(), BATCH,  # noqa: E731
+                                             out.data_ptr(), default.data_ptr(), stream=stream)
+        profile(torch, f"dim {dim} {api} 60% present", call, results)
+
+
+def step_section(torch, gpu, results, quick):
+    import numpy as np  # noqa: PLC0415
+
+    stream = torch.cuda.current_stream().cuda_stream
+    rows, dim, ids_n, distinct = (1_680_000, 128, 105_000, 35_000)
+    if quick:
+        rows = 200_000
+    coefficients = np.array([1e-3, 0.1, 0.001, 1e-7], np.float32)
+    steps = []
+    for t in range(2):
+        params = gpu.Table("int64", "float32", dim, init_capacity=rows)
+        slots = gpu.Table("int64", "float32", 2 * dim, init_capacity=rows)
+        keys = torch.arange(rows, device="cuda", dtype=torch.int64) * 2654435761 + t
+        params.insert_device(keys.data_ptr(), rows,
+                             (torch.randn((rows, dim), device="cuda") * 0.05).data_ptr(),
+                             stream=stream)
+        slots.insert_device(keys.data_ptr(), rows,
+                            torch.zeros((rows, 2 * dim), device="cuda").data_ptr(),
+                            stream=stream)
+        torch.cuda.synchronize()
+        hot = keys[torch.randperm(rows, device="cuda")[:distinct]]
+        ids = hot[torch.randint(0, distinct, (ids_n,), device="cuda")]
+        step = gpu.EmbeddingStep(params, slots, "keras_adam")
+        out = torch.empty((ids_n, dim), device="cuda")
+        grads = torch.randn((ids_n, dim), device="cuda") * 0.01
+        steps.append((params, slots, step, ids, out, grads))
+
+    def one_step():
+        for _, _, step, ids, out, grads in steps:
+            step.forward_device(ids.data_ptr(), ids_n, out.data_ptr(), stream=stream)
+            step.backward_device(grads.data_ptr(), coefficients, stream=stream)
+
+    profile(torch, "training step, 2 tables (dim 128, 105k ids, 35k distinct each)",
+            one_step, results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="smaller tables")
+    args = parser.parse_args()
+    import torch  # noqa: PLC0415 (the device machine has it)
+
+    import core_gpu_ext  # noqa: PLC0415
+    gpu = core_gpu_ext.load_core_gpu_or_exit("gpu_kernel_profile.py")
+    results = []
+    for dim in (8, 64):
+        table_section(torch, gpu, dim, results, args.quick)
+        torch.cuda.empty_cache()  # the section's table is gone: give its memory back
+    step_section(torch, gpu, results, args.quick)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(0), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
