@@ -188,6 +188,45 @@ def test_unsynchronized_inserts_keep_sizes_and_last_rows(gpu, cpu):
     assert sa == sb  # lfu scores fold over every row
 
 
+@pytest.mark.parametrize("strategy", ["lru", "lfu"])
+def test_inserts_at_the_load_limit_and_growing_equal_the_cpu(gpu, cpu, strategy):
+    """Inserts that may not fit take the two-pass BatchSet path (present keys, one host
+    sync, room for the new ones, absent keys): batches of present keys only at the load
+    limit (the second pass is skipped), mixed batches with repeats, and batches that make
+    the table grow several times keep the CPU's sizes, counters, rows and scores."""
+    rng = np.random.default_rng(11)
+    dim = 3
+    tables = [m.Table("int64", "float32", dim, strategy=strategy, init_capacity=64)
+              for m in (cpu, gpu)]
+    gpu_table = tables[1]
+    stored = rng.permutation(1 << 20)[:gpu_table.capacity()].astype(np.int64) * 13
+    for t in tables:
+        t.insert(stored, np.zeros((len(stored), dim), np.float32))
+    assert gpu_table.size() == gpu_table.capacity()  # at its load limit
+    capacity = gpu_table.capacity()
+    batches = [rng.choice(stored, size=3 * len(stored)),  # present only, repeated
+               np.concatenate([rng.choice(stored, 200), np.arange(1, 300) * 7 + 5,
+                               np.arange(1, 300) * 7 + 5]),  # mixed: grows
+               rng.integers(0, 1 << 40, size=5000) * 2 + 1]  # new keys: grows again
+    for keys in batches:
+        keys = keys.astype(np.int64)
+        values = rng.standard_normal((len(keys), dim)).astype(np.float32)
+        for t in tables:
+            t.insert(keys, values)
+        assert tables[0].size() == tables[1].size()
+        for name in ("inserts", "updates"):
+            assert tables[0].counters()[name] == tables[1].counters()[name], name
+        ka, va = _state(tables[0])
+        kb, vb = _state(tables[1])
+        np.testing.assert_array_equal(ka, kb)
+        np.testing.assert_array_equal(va, vb)
+    assert gpu_table.capacity() > capacity  # it grew
+    if strategy == "lfu":  # lru scores are clock values of each table's own clock
+        sa = dict(zip(*tables[0].export()[::2]))
+        sb = dict(zip(*tables[1].export()[::2]))
+        assert sa == sb
+
+
 def _reference_step(gpu, params, slots, rule, ids, grads, coefficients, default_row,
                     initial_state, keyed):
     """The step from CPU core calls and NumPy: what the Python layer does on the CPU."""

@@ -11,13 +11,18 @@
 // the sorted grouping.
 //
 // Layout: open addressing over `capacity` (a power of two, at least twice
-// the rows) slots with linear probing. A slot is owned by the first row that
-// claims it (atomicCAS of the row's position into owner[slot]); a key is
-// compared against the batch's own keys (keys[owner[slot]]), which nobody
-// writes, so no reader can see a half-written key. first / last / count
-// are folded in with atomicMin / atomicMax / atomicAdd, which commute, so
-// the result does not depend on the threads' order. slot_of_row[p] keeps
-// the slot of row p for the passes that follow.
+// the rows) entries with linear probing. An entry is 16 bytes -- owner,
+// first, last, count -- so that the four atomics a row makes, and the reads
+// of last and count that follow, touch one cache sector instead of four
+// (measured on an H200: the set with four separate arrays took 82 us for 1M
+// keys, 12% of an insert). Every field is encoded so that all-zero bytes
+// are the empty entry, so one memset clears the set. An entry is owned by
+// the first row that claims it (atomicCAS of the row's position + 1 into
+// owner); a key is compared against the batch's own keys (keys[owner - 1]),
+// which nobody writes, so no reader can see a half-written key. first /
+// last / count are folded in with atomicMax / atomicMax / atomicAdd, which
+// commute, so the result does not depend on the threads' order.
+// slot_of_row[p] keeps the entry of row p for the passes that follow.
 
 #ifndef DYNEMB_CORE_GPU_BATCH_SET_CUH_
 #define DYNEMB_CORE_GPU_BATCH_SET_CUH_
@@ -31,19 +36,31 @@ namespace gpu {
 
 constexpr uint32_t kNoRow = 0xffffffffu;
 
+// One distinct key of the batch; all zero: empty.
+struct alignas(16) BatchSetEntry {
+  uint32_t owner_plus_1;  // the claiming row + 1
+  uint32_t not_first;     // ~(smallest row): atomicMax of ~p keeps the smallest p
+  uint32_t last_plus_1;   // largest row + 1
+  uint32_t count;         // rows of the key
+};
+
 template <typename K>
 struct BatchSet {
-  const K* keys = nullptr;         // the batch's keys [n] (not owned)
-  uint32_t* owner = nullptr;       // [capacity], kNoRow: empty      } one block, set to 0xff
-  uint32_t* first = nullptr;       // [capacity], smallest row       }
-  uint32_t* last = nullptr;        // [capacity], largest row        } one block, set to 0
-  uint32_t* count = nullptr;       // [capacity], rows of the key    }
-  uint32_t* slot_of_row = nullptr; // [n]
-  uint64_t capacity = 0;           // a power of two, >= 2n
+  const K* keys = nullptr;           // the batch's keys [n] (not owned)
+  BatchSetEntry* entries = nullptr;  // [capacity]
+  uint32_t* slot_of_row = nullptr;   // [n]
+  uint64_t capacity = 0;             // a power of two, >= 2n
   uint32_t n = 0;
 
+  __device__ __forceinline__ uint32_t First(uint32_t slot) const {
+    return ~entries[slot].not_first;
+  }
+  __device__ __forceinline__ uint32_t Last(uint32_t slot) const {
+    return entries[slot].last_plus_1 - 1;
+  }
+  __device__ __forceinline__ uint32_t Count(uint32_t slot) const { return entries[slot].count; }
   // Whether row p is the last row of its key (the one an insert writes).
-  __device__ __forceinline__ bool IsLastRow(uint32_t p) const { return last[slot_of_row[p]] == p; }
+  __device__ __forceinline__ bool IsLastRow(uint32_t p) const { return Last(slot_of_row[p]) == p; }
 };
 
 // The set's capacity for n rows: a power of two >= 2n (at most half full, so
@@ -54,7 +71,12 @@ inline uint64_t BatchSetCapacity(uint64_t n) {
   return c;
 }
 
-// One thread per row: finds or claims its key's slot, then folds the row in.
+// Bytes of the entries of a set of `capacity` (BatchSetCapacity).
+inline size_t BatchSetBytes(uint64_t capacity) {
+  return static_cast<size_t>(capacity) * sizeof(BatchSetEntry);
+}
+
+// One thread per row: finds or claims its key's entry, then folds the row in.
 template <typename K>
 __global__ void __launch_bounds__(256) BatchSetKernel(BatchSet<K> s) {
   const uint64_t mask = s.capacity - 1;
@@ -64,35 +86,30 @@ __global__ void __launch_bounds__(256) BatchSetKernel(BatchSet<K> s) {
     const K key = s.keys[p];
     uint64_t slot = HashKey(key) & mask;
     for (;;) {
-      uint32_t owner = __ldcg(s.owner + slot);
-      if (owner == kNoRow) {
-        owner = atomicCAS(s.owner + slot, kNoRow, p);
-        if (owner == kNoRow) break;  // claimed for this key
+      BatchSetEntry& e = s.entries[slot];
+      uint32_t owner = __ldcg(&e.owner_plus_1);
+      if (owner == 0) {
+        owner = atomicCAS(&e.owner_plus_1, 0u, p + 1);
+        if (owner == 0) break;  // claimed for this key
       }
-      if (s.keys[owner] == key) break;  // the key's slot
+      if (s.keys[owner - 1] == key) break;  // the key's entry
       slot = (slot + 1) & mask;
     }
     s.slot_of_row[p] = static_cast<uint32_t>(slot);
-    atomicMin(s.first + slot, p);
-    atomicMax(s.last + slot, p);
-    atomicAdd(s.count + slot, 1u);
+    BatchSetEntry& e = s.entries[slot];
+    atomicMax(&e.not_first, ~p);
+    atomicMax(&e.last_plus_1, p + 1);
+    atomicAdd(&e.count, 1u);
   }
 }
 
-// Builds the set of `set->keys` [set->n] in `set->capacity` slots
-// (BatchSetCapacity): `high` and `low` are 2 * capacity words each (owner and
-// first, last and count), slot_of_row has n words. Queued on `stream`.
+// Builds the set of `set->keys` [set->n] in `entries`, BatchSetBytes(capacity)
+// bytes of device memory, 16-byte aligned; set->capacity is
+// BatchSetCapacity(n). slot_of_row has n words. Queued on `stream`.
 template <typename K>
-cudaError_t BuildBatchSet(BatchSet<K>* set, uint32_t* high, uint32_t* low, int grid,
-                          cudaStream_t stream) {
-  set->owner = high;
-  set->first = high + set->capacity;
-  set->last = low;
-  set->count = low + set->capacity;
-  cudaError_t error = cudaMemsetAsync(high, 0xff, 2 * set->capacity * sizeof(uint32_t), stream);
-  if (error == cudaSuccess) {
-    error = cudaMemsetAsync(low, 0, 2 * set->capacity * sizeof(uint32_t), stream);
-  }
+cudaError_t BuildBatchSet(BatchSet<K>* set, void* entries, int grid, cudaStream_t stream) {
+  set->entries = static_cast<BatchSetEntry*>(entries);
+  cudaError_t error = cudaMemsetAsync(entries, 0, BatchSetBytes(set->capacity), stream);
   if (error != cudaSuccess || set->n == 0) return error;
   BatchSetKernel<K><<<grid, 256, 0, stream>>>(*set);
   return cudaGetLastError();

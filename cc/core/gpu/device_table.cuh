@@ -152,6 +152,46 @@ __device__ uint64_t WarpClaim(const DeviceTable<K>& t, uint64_t hash, int lane, 
   return kNoSlot;
 }
 
+// WarpClaim by one thread: each lane claims a slot for its own key, so a
+// warp's claims are in flight together instead of one after the other (an
+// insert of new keys spent most of its time in the warp-serial claims).
+// Same rule: the first free slot on the probe path, marked kBusyTag; a
+// failed atomicCAS (another thread took a slot of the word) looks at the
+// word again. Tags are read through L2 (__ldcg): other threads claim
+// concurrently.
+template <typename K>
+__device__ uint64_t ThreadClaim(const DeviceTable<K>& t, uint64_t hash, bool* was_empty) {
+  constexpr int kWords = kBucketSlots / 4;
+  const uint32_t deleted = Repeat4(kDeletedTag);
+  const uint64_t mask = t.num_buckets - 1;
+  uint64_t bucket = HomeBucket(t, hash);
+  for (uint64_t probe = 0; probe < t.num_buckets; ++probe, bucket = (bucket + 1) & mask) {
+    uint32_t* words = t.TagWords(bucket);
+    const uint4* line = reinterpret_cast<const uint4*>(words);
+    for (int q = 0; q < kWords / 4; ++q) {
+      const uint4 v = __ldcg(line + q);
+      const uint32_t four[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 4; ++i) {
+        uint32_t word = four[i];
+        for (;;) {
+          const uint32_t free_bytes = __vcmpeq4(word, 0) | __vcmpeq4(word, deleted);
+          if (free_bytes == 0) break;
+          const uint32_t shift = 8 * ((__ffs(free_bytes) - 1) / 8);
+          const uint32_t desired = (word & ~(0xffu << shift)) | (uint32_t{kBusyTag} << shift);
+          const uint32_t seen = atomicCAS(words + 4 * q + i, word, desired);
+          if (seen == word) {
+            *was_empty = ((word >> shift) & 0xff) == kEmptyTag;
+            return bucket * kBucketSlots + static_cast<uint64_t>(4 * q + i) * 4 + shift / 8;
+          }
+          word = seen;
+        }
+      }
+    }
+  }
+  *was_empty = false;
+  return kNoSlot;
+}
+
 // Changes the tag byte of `slot` from `from` to `to` atomically (the other
 // bytes of its word belong to other slots, which other warps may be claiming).
 template <typename K>

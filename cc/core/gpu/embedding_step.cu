@@ -38,7 +38,7 @@ __device__ __forceinline__ uint64_t GridThreads() { return uint64_t{gridDim.x} *
 template <typename K>
 __global__ void FirstRowFlagsKernel(gpu::BatchSet<K> set, uint8_t* flags) {
   for (uint64_t p = GlobalThread(); p < set.n; p += GridThreads()) {
-    flags[p] = set.first[set.slot_of_row[p]] == p;
+    flags[p] = set.First(set.slot_of_row[p]) == p;
   }
 }
 
@@ -53,7 +53,7 @@ __global__ void DistinctIdsKernel(gpu::BatchSet<K> set, const uint32_t* first_ro
     const uint32_t p = first_rows[u];
     const uint32_t slot = set.slot_of_row[p];
     unique[u] = set.keys[p];
-    counts[u] = set.count[slot];
+    counts[u] = set.Count(slot);
     index_of_slot[slot] = static_cast<uint32_t>(u);
   }
 }
@@ -172,7 +172,7 @@ class Step final : public GpuEmbeddingStep {
     set.n = static_cast<uint32_t>(n);
     set.capacity = gpu::BatchSetCapacity(un);
     set.slot_of_row = slot_of_row_;
-    DYNEMB_CUDA_RETURN(gpu::BuildBatchSet(&set, set_high_, set_low_, GridFor(un, kThreads, num_sms_),
+    DYNEMB_CUDA_RETURN(gpu::BuildBatchSet(&set, set_entries_, GridFor(un, kThreads, num_sms_),
                                           stream),
                        "BatchSetKernel");
     FirstRowFlagsKernel<K><<<GridFor(un, kThreads, num_sms_), kThreads, 0, stream>>>(set, flags_);
@@ -238,7 +238,9 @@ class Step final : public GpuEmbeddingStep {
     step.rows = unique_rows_;
     step.grads = sums_;
     step.new_rows = new_rows_;
-    DYNEMB_RETURN_IF_ERROR(slots_->ApplyRule(unique_, num_unique_, initial_state_, step, runner));
+    // The ids are distinct (step 1): no grouping sort.
+    DYNEMB_RETURN_IF_ERROR(AsGpuTableOps(slots_)->ApplyRuleDistinct(unique_, num_unique_,
+                                                                    initial_state_, step, runner));
     // 6. write-back
     return params_->Insert(unique_, num_unique_, new_rows_, nullptr, runner);
   }
@@ -267,8 +269,7 @@ class Step final : public GpuEmbeddingStep {
     const size_t un = static_cast<size_t>(n);
     const size_t capacity = gpu::BatchSetCapacity(un);
     const size_t rows = un * static_cast<size_t>(dim_);
-    DYNEMB_RETURN_IF_ERROR(batch_.Get(2 * capacity, &set_high_));
-    DYNEMB_RETURN_IF_ERROR(batch_.Get(2 * capacity, &set_low_));
+    DYNEMB_RETURN_IF_ERROR(batch_.Get(capacity, &set_entries_));
     DYNEMB_RETURN_IF_ERROR(batch_.Get(un, &slot_of_row_));
     DYNEMB_RETURN_IF_ERROR(batch_.Get(un, &flags_));
     DYNEMB_RETURN_IF_ERROR(batch_.Get(un, &first_rows_));
@@ -316,8 +317,7 @@ class Step final : public GpuEmbeddingStep {
 
   T* default_row_ = nullptr;
   T* initial_state_ = nullptr;
-  uint32_t* set_high_ = nullptr;
-  uint32_t* set_low_ = nullptr;
+  gpu::BatchSetEntry* set_entries_ = nullptr;
   uint32_t* slot_of_row_ = nullptr;
   uint8_t* flags_ = nullptr;
   uint32_t* first_rows_ = nullptr;

@@ -340,14 +340,18 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
   FlushCounts(counts.v, counters);
 }
 
-// An insert (mode kAll) or an assign (kPresentOnly: present keys only,
-// absent ones are left out) whose distinct keys come from a BatchSet rather
-// than a sort (batch_set.cuh). Each warp takes `per_warp` (1 to 32)
-// consecutive rows at a time; a lane whose row is its key's last row looks
-// the key up and folds the key's score over its rows, then the warp writes
-// those keys one after the other and copies their rows. Rows that a later
-// row of the same key overrides do nothing. Only the warp holding a key's
-// last row writes that key, so slots looked up ahead stay right.
+// An insert (mode kAll), an assign (kPresentOnly: present keys only, absent
+// ones are left out) or the second pass of an insert that grew the table
+// (kAbsentOnly), whose distinct keys come from a BatchSet rather than a sort
+// (batch_set.cuh). Each warp takes `per_warp` (1 to 32) consecutive rows at
+// a time; a lane whose row is its key's last row looks the key up, folds
+// the key's score over its rows and writes the key itself: a present key's
+// score and age, or an absent key's claimed slot (ThreadClaim), key, score,
+// age and tag. No other thread writes that key, so a slot looked up ahead
+// stays right. Then the warp copies the written keys' rows. Rows that a
+// later row of the same key overrides do nothing. kPresentOnly counts the
+// distinct absent keys in new_keys (what the second pass will insert).
+// Counts are per lane here, summed into lane 0 at the end.
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     ApplyLastRowsKernel(DeviceTable<K> t, BatchSet<K> set, WriteArgs a,
@@ -358,32 +362,41 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
   for (uint64_t first = WarpId() * per_warp; first < n; first += NumWarps() * per_warp) {
     const int count = ChunkCount(first, n, per_warp);
     const uint32_t my_row = static_cast<uint32_t>(first + lane);
-    bool mine = false;
-    K my_key{};
-    uint64_t my_hash = 0, my_slot = kNoSlot, my_score = 0;
-    uint32_t my_rows = 0;
-    if (lane < count && set.IsLastRow(my_row)) {
-      my_key = set.keys[my_row];
-      my_hash = HashKey(my_key);
-      my_slot = ThreadFind(t, my_key, my_hash);
-      mine = !PassSkips(a.mode, my_slot != kNoSlot);
-      if (mine) {
-        my_rows = set.count[set.slot_of_row[my_row]];
-        my_score = FoldInsertScore(t, a, my_slot, my_row, my_rows);
-      }
-    }
     uint64_t my_written = kNoSlot;
-    for (unsigned writers = __ballot_sync(kFullMask, mine); writers != 0;
-         writers &= writers - 1) {
-      const int j = __ffs(writers) - 1;
-      const uint64_t written = WriteInsertedKey(
-          t, a, __shfl_sync(kFullMask, my_key, j), __shfl_sync(kFullMask, my_hash, j),
-          __shfl_sync(kFullMask, my_slot, j), __shfl_sync(kFullMask, my_rows, j),
-          __shfl_sync(kFullMask, my_score, j), __shfl_sync(kFullMask, my_row, j), lane, &counts);
-      if (lane == j) my_written = written;
+    if (lane < count && set.IsLastRow(my_row)) {
+      const K key = set.keys[my_row];
+      const uint64_t hash = HashKey(key);
+      uint64_t slot = ThreadFind(t, key, hash);
+      const bool present = slot != kNoSlot;
+      if (!present && a.mode == ApplyMode::kPresentOnly) ++counts.new_keys();
+      if (!PassSkips(a.mode, present)) {
+        const uint32_t rows = set.Count(set.slot_of_row[my_row]);
+        const uint64_t score = FoldInsertScore(t, a, slot, my_row, rows);
+        if (!present) {
+          bool was_empty = false;
+          slot = ThreadClaim(t, hash, &was_empty);
+          if (slot == kNoSlot) {
+            ++counts.failures();
+          } else {
+            t.keys[slot] = key;
+            counts.Claimed(was_empty);
+            ++counts.inserts();
+            counts.updates() += rows - 1;
+          }
+        } else {
+          counts.updates() += rows;
+        }
+        if (slot != kNoSlot) {
+          t.scores[slot] = score;
+          t.ages[slot] = a.age_base + my_row;
+          if (!present) PublishTag(t, slot, hash);  // after the key (its fence)
+          my_written = slot;
+        }
+      }
     }
     CopyWrittenRows(t, a, count, my_row, my_written, lane);
   }
+  SumCountsIntoLane0(counts.v);
   FlushCounts(counts.v, counters);
 }
 

@@ -322,6 +322,15 @@ class GpuTable final : public Table, public GpuTableOps {
   // in batch order; each key's rows are applied by one warp.
   Status ApplyRule(const void* keys, int64_t n, const void* initial, const RuleStep& step,
                    const Runner& runner) override {
+    return ApplyRuleGrouped(keys, n, initial, step, runner, /*distinct=*/false);
+  }
+  // gpu_table.h "ApplyRuleDistinct": the batch is its own grouping.
+  Status ApplyRuleDistinct(const void* keys, int64_t n, const void* initial,
+                           const RuleStep& step, const Runner& runner) override {
+    return ApplyRuleGrouped(keys, n, initial, step, runner, /*distinct=*/true);
+  }
+  Status ApplyRuleGrouped(const void* keys, int64_t n, const void* initial, const RuleStep& step,
+                          const Runner& runner, bool distinct) {
     DYNEMB_RETURN_IF_ERROR(CheckRuleStep(options_, keys, n, initial, step));
     if (n == 0) return Status::Ok();
     const GpuRunner* gpu_runner = nullptr;
@@ -330,10 +339,10 @@ class GpuTable final : public Table, public GpuTableOps {
     std::lock_guard<std::mutex> lock(mu_);
     return Ordered(stream, [&] {
       return options_.value_type == ValueType::kFloat64
-                 ? ApplyRuleLocked<double>(static_cast<const K*>(keys), n, initial, step, stream,
-                                           gpu_runner->scratch())
-                 : ApplyRuleLocked<float>(static_cast<const K*>(keys), n, initial, step, stream,
-                                          gpu_runner->scratch());
+                 ? ApplyRuleLocked<double>(static_cast<const K*>(keys), n, initial, step,
+                                           distinct, stream, gpu_runner->scratch())
+                 : ApplyRuleLocked<float>(static_cast<const K*>(keys), n, initial, step,
+                                          distinct, stream, gpu_runner->scratch());
     });
   }
 
@@ -701,12 +710,10 @@ class GpuTable final : public Table, public GpuTableOps {
     set.keys = keys;
     set.n = static_cast<uint32_t>(n);
     set.capacity = gpu::BatchSetCapacity(static_cast<uint64_t>(n));
-    uint32_t* high = nullptr;
-    uint32_t* low = nullptr;
-    DYNEMB_RETURN_IF_ERROR(scratch->Get(2 * set.capacity, &high));
-    DYNEMB_RETURN_IF_ERROR(scratch->Get(2 * set.capacity, &low));
+    gpu::BatchSetEntry* entries = nullptr;
+    DYNEMB_RETURN_IF_ERROR(scratch->Get(static_cast<size_t>(set.capacity), &entries));
     DYNEMB_RETURN_IF_ERROR(scratch->Get(static_cast<size_t>(n), &set.slot_of_row));
-    DYNEMB_CUDA_RETURN(gpu::BuildBatchSet(&set, high, low, ThreadGrid(set.n, num_sms_), stream),
+    DYNEMB_CUDA_RETURN(gpu::BuildBatchSet(&set, entries, ThreadGrid(set.n, num_sms_), stream),
                        "BatchSetKernel");
     *out = set;
     return Status::Ok();
@@ -718,19 +725,42 @@ class GpuTable final : public Table, public GpuTableOps {
                        Scratch* scratch) {
     gpu::BatchSet<K> set;
     DYNEMB_RETURN_IF_ERROR(BuildBatchSet(keys, n, stream, scratch, &set));
+    DYNEMB_RETURN_IF_ERROR(LaunchApplyLastRows(set, a, stream));
+    pending_ = true;
+    return Status::Ok();
+  }
+  Status LaunchApplyLastRows(const gpu::BatchSet<K>& set, const WriteArgs& a,
+                             cudaStream_t stream) {
     const int per_warp = KeysPerWarp(set.n, num_sms_);
     gpu::ApplyLastRowsKernel<K>
         <<<WarpGrid((set.n + per_warp - 1) / per_warp, num_sms_), kBlockThreads, 0, stream>>>(
             storage_.t, set, a, batch_counters_, per_warp);
-    DYNEMB_CUDA_RETURN(cudaGetLastError(), "ApplyLastRowsKernel launch");
-    pending_ = true;
-    return Status::Ok();
+    return CudaStatus(cudaGetLastError(), "ApplyLastRowsKernel launch");
+  }
+
+  // An insert into an unbounded table that may have to grow: the keys
+  // present are written first (the BatchSet pass counts the distinct absent
+  // ones), then the table makes room for those (one host sync) and a second
+  // pass over the same set inserts them. No sort.
+  Status InsertGrowing(const K* keys, int64_t n, WriteArgs a, cudaStream_t stream,
+                       Scratch* scratch) {
+    gpu::BatchSet<K> set;
+    DYNEMB_RETURN_IF_ERROR(BuildBatchSet(keys, n, stream, scratch, &set));
+    a.mode = gpu::ApplyMode::kPresentOnly;
+    DYNEMB_RETURN_IF_ERROR(LaunchApplyLastRows(set, a, stream));
+    DYNEMB_RETURN_IF_ERROR(ReadBatchCounters(stream));  // host sync: the new keys
+    const uint64_t new_keys = host_counters_->new_keys;
+    if (new_keys == 0) return Status::Ok();  // a table at its load limit, keys all present
+    DYNEMB_RETURN_IF_ERROR(EnsureRoom(new_keys, stream));
+    a.mode = gpu::ApplyMode::kAbsentOnly;
+    DYNEMB_RETURN_IF_ERROR(LaunchApplyLastRows(set, a, stream));
+    return ReadBatchCounters(stream);
   }
 
   // ------------------------------------------------------------ ApplyRule
   template <typename T>
   Status ApplyRuleLocked(const K* keys, int64_t n, const void* initial, const RuleStep& step,
-                         cudaStream_t stream, GpuScratch* external) {
+                         bool distinct, cudaStream_t stream, GpuScratch* external) {
     gpu::RuleArgs<T> r;
     r.rule = step.rule;
     r.weight_decay = step.weight_decay;
@@ -751,7 +781,8 @@ class GpuTable final : public Table, public GpuTableOps {
     DYNEMB_RETURN_IF_ERROR(PrepareWrite(nullptr, n, /*is_insert=*/true, stream, &a));
     Scratch scratch(&pool_, external);
     GroupedBatch<K> batch;
-    DYNEMB_RETURN_IF_ERROR(Group(keys, n, stream, &scratch, &batch));
+    DYNEMB_RETURN_IF_ERROR(distinct ? GroupDistinct(keys, n, stream, &scratch, &batch)
+                                    : Group(keys, n, stream, &scratch, &batch));
     const uint64_t un = static_cast<uint64_t>(n);
     if (!FitsNewKeys(un)) DYNEMB_RETURN_IF_ERROR(FoldPending(stream));
     if (FitsNewKeys(un)) {
@@ -866,6 +897,25 @@ class GpuTable final : public Table, public GpuTableOps {
     return Status::Ok();
   }
 
+  // The grouping of a batch of distinct keys: itself. positions [0, n] is
+  // both sorted_pos and starts (key u is row u), and its last element, n, is
+  // the device count of keys.
+  Status GroupDistinct(const K* keys, int64_t n, cudaStream_t stream, Scratch* scratch,
+                       GroupedBatch<K>* out) {
+    const uint64_t un = static_cast<uint64_t>(n);
+    uint32_t* positions = nullptr;
+    DYNEMB_RETURN_IF_ERROR(scratch->Get(un + 1, &positions));
+    gpu::IotaKernel<<<ThreadGrid(un + 1, num_sms_), kBlockThreads, 0, stream>>>(positions,
+                                                                                  un + 1);
+    DYNEMB_CUDA_RETURN(cudaGetLastError(), "IotaKernel launch");
+    out->sorted_keys = keys;
+    out->sorted_pos = positions;
+    out->starts = positions;
+    out->num_keys = positions + un;
+    out->n = static_cast<uint32_t>(n);
+    return Status::Ok();
+  }
+
   Status Apply(const GroupedBatch<K>& batch, const WriteArgs& a, cudaStream_t stream) {
     // batch.n bounds the distinct keys (their count stays on the device).
     const int per_warp = KeysPerWarp(batch.n, num_sms_);
@@ -909,6 +959,7 @@ class GpuTable final : public Table, public GpuTableOps {
       return Status::Ok();
     }
     // Growth or eviction: the counts are exact here (FoldPending above).
+    if (!bounded_ && a.exists == nullptr) return InsertGrowing(keys, n, a, stream, &scratch);
     GroupedBatch<K> batch;
     DYNEMB_RETURN_IF_ERROR(Group(keys, n, stream, &scratch, &batch));
     // First round: keys present now. Rows of absent keys are marked, and the

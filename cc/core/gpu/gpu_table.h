@@ -149,6 +149,14 @@ class GpuTableOps {
   // row wins, as in Insert. Pointers and stream as Insert's.
   virtual Status Assign(const void* keys, int64_t n, const void* values, const uint64_t* scores,
                         const Runner& runner) = 0;
+  // ApplyRule (table.h) for a batch whose keys are all distinct, as the
+  // embedding step's are (it deduplicates them first): the batch is its own
+  // grouping, so ApplyRule's sort of the keys (a 64-bit radix sort, the
+  // largest kernel of a training step after the rule itself) is skipped.
+  // The device does not check that the keys are distinct: a repeated key
+  // would be inserted twice. Only callers that deduplicated them use it.
+  virtual Status ApplyRuleDistinct(const void* keys, int64_t n, const void* initial,
+                                   const RuleStep& step, const Runner& runner) = 0;
 };
 
 // The GpuTableOps of a table NewGpuTable made; nullptr for any other table.
