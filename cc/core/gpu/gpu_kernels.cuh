@@ -351,12 +351,15 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
 // stays right. Then the warp copies the written keys' rows. Rows that a
 // later row of the same key overrides do nothing. kPresentOnly counts the
 // distinct absent keys in new_keys (what the second pass will insert).
-// Counts are per lane here, summed into lane 0 at the end.
+// Counts are per lane here, in 32 bits (a lane counts at most its rows; 64-bit
+// counters spilled registers), summed into lane 0 at the end.
 template <typename K>
 __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     ApplyLastRowsKernel(DeviceTable<K> t, BatchSet<K> set, WriteArgs a,
                         unsigned long long* counters, int per_warp) {
-  WarpCounts counts;
+  struct {
+    uint32_t inserts = 0, updates = 0, new_empty = 0, reused = 0, new_keys = 0, failures = 0;
+  } lane_counts;
   const int lane = Lane();
   const uint64_t n = set.n;
   for (uint64_t first = WarpId() * per_warp; first < n; first += NumWarps() * per_warp) {
@@ -368,7 +371,7 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
       const uint64_t hash = HashKey(key);
       uint64_t slot = ThreadFind(t, key, hash);
       const bool present = slot != kNoSlot;
-      if (!present && a.mode == ApplyMode::kPresentOnly) ++counts.new_keys();
+      if (!present && a.mode == ApplyMode::kPresentOnly) ++lane_counts.new_keys;
       if (!PassSkips(a.mode, present)) {
         const uint32_t rows = set.Count(set.slot_of_row[my_row]);
         const uint64_t score = FoldInsertScore(t, a, slot, my_row, rows);
@@ -376,15 +379,15 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
           bool was_empty = false;
           slot = ThreadClaim(t, hash, &was_empty);
           if (slot == kNoSlot) {
-            ++counts.failures();
+            ++lane_counts.failures;
           } else {
             t.keys[slot] = key;
-            counts.Claimed(was_empty);
-            ++counts.inserts();
-            counts.updates() += rows - 1;
+            ++(was_empty ? lane_counts.new_empty : lane_counts.reused);
+            ++lane_counts.inserts;
+            lane_counts.updates += rows - 1;
           }
         } else {
-          counts.updates() += rows;
+          lane_counts.updates += rows;
         }
         if (slot != kNoSlot) {
           t.scores[slot] = score;
@@ -396,6 +399,13 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
     }
     CopyWrittenRows(t, a, count, my_row, my_written, lane);
   }
+  WarpCounts counts;
+  counts.inserts() = lane_counts.inserts;
+  counts.updates() = lane_counts.updates;
+  counts.new_empty() = lane_counts.new_empty;
+  counts.reused() = lane_counts.reused;
+  counts.new_keys() = lane_counts.new_keys;
+  counts.failures() = lane_counts.failures;
   SumCountsIntoLane0(counts.v);
   FlushCounts(counts.v, counters);
 }
@@ -424,23 +434,35 @@ struct RuleArgs {
 // writes each row's new parameter row. Each lane takes the columns lane,
 // lane + 32, ...: a column's slots stay in registers across the key's rows,
 // and ApplyRuleToRow runs on one column (dim 1: its slots are then s[0],
-// s[1], s[2]), the CPU rule's exact operations.
+// s[1], s[2]), the CPU rule's exact operations. The slot loops run to 3
+// with a guard, so that s is indexed by constants and stays in registers (a
+// loop to r.slots put it in local memory: a 192-byte stack frame, measured
+// by ptxas), and `coefficients` is the block's shared copy (the rule indexes
+// them past a runtime offset, which on a kernel parameter forces another
+// local copy).
 template <typename K, typename T>
 __device__ void ApplyRuleToKeyRows(const GroupedBatch<K>& batch, const RuleArgs<T>& r,
-                                   uint32_t b, uint32_t e, bool existed, T* state, int lane) {
+                                   const T* coefficients, uint32_t b, uint32_t e, bool existed,
+                                   T* state, int lane) {
   const T* from = existed ? state : r.initial;
   for (int64_t col = lane; col < r.dim; col += kWarpSize) {
-    T s[3];
-    for (int k = 0; k < r.slots; ++k) s[k] = from[k * r.dim + col];
+    T s[3] = {T(0), T(0), T(0)};
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      if (k < r.slots) s[k] = from[k * r.dim + col];
+    }
     for (uint32_t q = b; q < e; ++q) {
       const uint64_t at = static_cast<uint64_t>(batch.sorted_pos[q]) * r.dim + col;
       const T w = r.rows[at];
       const T g = r.grads[at];
       T out;
-      ApplyRuleToRow<T>(r.rule, r.weight_decay, r.coefficients, 1, &w, &g, s, &out);
+      ApplyRuleToRow<T>(r.rule, r.weight_decay, coefficients, 1, &w, &g, s, &out);
       r.new_rows[at] = out;  // after reading rows[at]: new_rows may alias rows
     }
-    for (int k = 0; k < r.slots; ++k) state[k * r.dim + col] = s[k];
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      if (k < r.slots) state[k * r.dim + col] = s[k];
+    }
   }
   __syncwarp();
 }
@@ -451,8 +473,16 @@ __device__ void ApplyRuleToKeyRows(const GroupedBatch<K>& batch, const RuleArgs<
 // warp claims, scores and updates them one by one.
 template <typename K, typename T>
 __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
-    ApplyRuleKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a, RuleArgs<T> r,
+    ApplyRuleKernel(DeviceTable<K> t, GroupedBatch<K> batch, WriteArgs a,
+                    const __grid_constant__ RuleArgs<T> r,
                     unsigned long long* counters, int per_warp) {
+  // The rule's coefficients, shared (ApplyRuleToKeyRows says why).
+  __shared__ T coefficients[kMaxRuleCoefficients];
+#pragma unroll
+  for (int i = 0; i < kMaxRuleCoefficients; ++i) {
+    if (threadIdx.x == i) coefficients[i] = r.coefficients[i];
+  }
+  __syncthreads();
   WarpCounts counts;
   const int lane = Lane();
   const uint64_t num_keys = *batch.num_keys;
@@ -478,7 +508,8 @@ __global__ void __launch_bounds__(kBlockThreads, kLookupBlocksPerSm)
           t, a, __shfl_sync(kFullMask, my_key, j), __shfl_sync(kFullMask, my_hash, j), slot,
           e - b, FoldInsertScore(t, a, slot, last, e - b), last, lane, &counts);
       if (written == kNoSlot) continue;
-      ApplyRuleToKeyRows(batch, r, b, e, existed, reinterpret_cast<T*>(t.Row(written)), lane);
+      ApplyRuleToKeyRows(batch, r, coefficients, b, e, existed,
+                         reinterpret_cast<T*>(t.Row(written)), lane);
     }
   }
   FlushCounts(counts.v, counters);
