@@ -3,6 +3,8 @@
 PyTorch's profiler (CUPTI sees every kernel in the process, ours included).
 
     python benchmarks/gpu_kernel_profile.py [--out OUT.json] [--quick]
+    ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+        python3 benchmarks/gpu_kernel_profile.py --plain     # the same calls, timed by ncu
 
 Needs a CUDA GPU, PyTorch and `tensorflow_dynemb._core_gpu` (built by
 tests/core_gpu_ext.py). Profiled, each after a warm-up call, on a table of 64M slots
@@ -13,10 +15,16 @@ filled to load 0.5 (HKV's benchmark setting, as benchmarks/gpu_table_ops.py's "H
 * one embedding training step (benchmarks/gpu_train_step.py's setting, 2 tables
   instead of 10: the per-table work is the same).
 
-For each: wall time of the call (synchronized), the device time of each kernel and copy,
+For each: wall time of the call (synchronized, but under the profiler, whose own cost
+dominates it: ~2.5 ms for a 0.14 ms find; rates come from benchmarks/gpu_table_ops.py),
+the device time of each kernel and copy,
 and how many host synchronizations the call made (cudaStreamSynchronize and
 cudaMemcpy* calls, from the CPU side of the trace). This is the "profile first" step of
 docs/benchmarks.md's prediction-and-outcome habit for issue 36.
+
+--plain runs the same calls without PyTorch's profiler, for Nsight Compute (which
+cannot share CUPTI with it; ncu locks the clocks, so its times are longer). ncu reads
+hardware counters on some device machines and not others (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -36,10 +44,17 @@ CAPACITY = 1 << 26
 BATCH = 1 << 20
 
 
+PLAIN = False  # --plain: no profiler (under ncu)
+
+
 def profile(torch, name, fn, results):
     """Runs fn once untimed, then once under the profiler; records the breakdown."""
     fn()
     torch.cuda.synchronize()
+    if PLAIN:
+        fn()
+        torch.cuda.synchronize()
+        return
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
@@ -150,7 +165,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="smaller tables")
+    parser.add_argument("--plain", action="store_true",
+                        help="no profiler: the same calls, for ncu to time")
     args = parser.parse_args()
+    global PLAIN
+    PLAIN = args.plain
     import torch  # noqa: PLC0415 (the device machine has it)
 
     import core_gpu_ext  # noqa: PLC0415

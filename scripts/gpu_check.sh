@@ -17,8 +17,8 @@
 #    (benchmarks/gpu_table_ops.py, both ways of measuring; benchmarks/gpu_train_step.py;
 #    benchmarks/gpu_kernel_profile.py, per-kernel device time through PyTorch's
 #    profiler), then HKV's, then the side-by-side table (benchmarks/hkv/compare.py).
-# Logs, JSON and compare.md go to OUT_DIR (about 15 files). About 6 minutes on a fresh H200
-# machine. Exit status: nonzero if the build, a test or a benchmark failed.
+# Logs, JSON and compare.md go to OUT_DIR (about 17 files). About 3 minutes on a fresh
+# H200 machine (170-200 s on 2026-11-28). Exit status: nonzero if the build, a test or a benchmark failed.
 # Through the device tool, whose $OUT brings back at most 8 files, bundle them:
 #   bash scripts/gpu_check.sh /tmp/gpu_check; tar -czf $OUT/gpu_check.tgz -C /tmp/gpu_check .
 # (carry: build/hkv_snapshot, and build/hkv_bench to skip HKV's compile).
