@@ -16,7 +16,8 @@
 # 4. The benchmarks, one after the other on the quiet GPU: ours
 #    (benchmarks/gpu_table_ops.py, both ways of measuring; benchmarks/gpu_train_step.py;
 #    benchmarks/gpu_kernel_profile.py, per-kernel device time through PyTorch's
-#    profiler), then HKV's, then the side-by-side table (benchmarks/hkv/compare.py).
+#    profiler; Nsight Compute's counters of a training step's kernels where ncu can
+#    read them), then HKV's, then the side-by-side table (benchmarks/hkv/compare.py).
 # Logs, JSON and compare.md go to OUT_DIR (about 17 files). About 3 minutes on a fresh
 # H200 machine (170-200 s on 2026-11-28). Exit status: nonzero if the build, a test or a benchmark failed.
 # Through the device tool, whose $OUT brings back at most 8 files, bundle them:
@@ -74,6 +75,17 @@ timeout 150 python3 benchmarks/gpu_kernel_profile.py --out "$out/gpu_kernel_prof
   > "$out/kernel_profile.log" 2>&1
 profile=$?
 tail -80 "$out/kernel_profile.log"
+
+# Hardware counters of a training step's kernels, where Nsight Compute can read them
+# (it could on the H200 of 2026-11-28; docs/gpu.md): informative, not a check.
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$ncu_bin" ]; then
+  say "ncu: a training step's kernels"
+  timeout 120 "$ncu_bin" -k 'regex:ApplyRuleKernel|ApplyLastRowsKernel|SegmentSumKernel|GatherRowsKernel|FindKernel|BatchSetKernel' \
+    --launch-skip 40 --launch-count 10 --section SpeedOfLight --section Occupancy \
+    --section MemoryWorkloadAnalysis python3 benchmarks/gpu_train_step.py --quick \
+    > "$out/ncu_train_step.txt" 2>&1 || say "ncu failed or was cut (see ncu_train_step.txt)"
+fi
 
 say "HKV: run"
 HKV_TIMEOUT=120 timeout 200 bash benchmarks/hkv/run_hkv.sh "$out" > "$out/hkv_run.log" 2>&1
