@@ -12,6 +12,9 @@ filled to load 0.5 (HKV's benchmark setting, as benchmarks/gpu_table_ops.py's "H
 
 * insert (insert-or-assign) of 1M keys, 60% and 100% present, dims 8 and 64;
 * assign and find of 1M keys, 60% present;
+* the same at dim 64 with half the value rows in mapped host memory
+  (`max_hbm_for_values`, HKV's hybrid mode), beside a plain kernel's gather and scatter
+  of 1M random rows in mapped host memory: the PCIe ceiling for those rows;
 * one embedding training step (benchmarks/gpu_train_step.py's setting, 2 tables
   instead of 10: the per-table work is the same).
 
@@ -84,9 +87,17 @@ def keys_of(torch, ids):
     return ids.to(torch.int64) * torch.tensor(GOLDEN - (1 << 64), device="cuda")
 
 
-def table_section(torch, gpu, dim, results, quick):
+def table_section(torch, gpu, dim, results, quick, hbm_fraction=1.0):
+    """Inserts, assigns and finds of 1M keys on a table of CAPACITY slots at load 0.5;
+    hbm_fraction < 1: that fraction of the value rows in device memory, the rest in
+    mapped host memory (max_hbm_for_values)."""
     stream = torch.cuda.current_stream().cuda_stream
-    table = gpu.Table("int64", "float32", dim, init_capacity=CAPACITY * 3 // 4)
+    kwargs = {}
+    label = f"dim {dim}"
+    if hbm_fraction < 1.0:
+        kwargs["max_hbm_for_values"] = int(CAPACITY * hbm_fraction) * dim * 4
+        label += f", {int(hbm_fraction * 100)}% of rows in HBM,"
+    table = gpu.Table("int64", "float32", dim, init_capacity=CAPACITY * 3 // 4, **kwargs)
     stored = CAPACITY // 2 if not quick else CAPACITY // 16
     values = torch.randn((BATCH, dim), device="cuda")
     fill = 1 << 22
@@ -111,7 +122,7 @@ def table_section(torch, gpu, dim, results, quick):
 
     for hit in (0.6, 1.0):
         prepared = [batch(hit), batch(hit)]  # one for the warm-up call, one profiled
-        profile(torch, f"dim {dim} insert {int(hit * 100)}% present",
+        profile(torch, f"{label} insert {int(hit * 100)}% present",
                 lambda: table.insert_device(prepared.pop().data_ptr(), BATCH,
                                             values.data_ptr(), stream=stream), results)
     for api in ("assign", "find"):
@@ -122,7 +133,59 @@ def table_section(torch, gpu, dim, results, quick):
         else:
             call = lambda: table.find_device(prepared.pop().data_ptr(), BATCH,  # noqa: E731
                                              out.data_ptr(), default.data_ptr(), stream=stream)
-        profile(torch, f"dim {dim} {api} 60% present", call, results)
+        profile(torch, f"{label} {api} 60% present", call, results)
+
+
+MAPPED_ROWS_KERNELS = r"""
+extern "C" __global__ void gather(const float4* rows, const long long* idx, float4* out,
+                                  long long n, int units) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n * units) out[i] = rows[idx[i / units] * units + i % units];
+}
+extern "C" __global__ void scatter(float4* rows, const long long* idx, const float4* in,
+                                   long long n, int units) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n * units) rows[idx[i / units] * units + i % units] = in[i];
+}
+"""
+
+
+def mapped_rows_section(results, dim=64, rows=1 << 23):
+    """The ceiling for the hybrid table's host rows: 1M random rows of `dim` floats
+    read from (gather) and written to (scatter) mapped pinned host memory by a plain
+    kernel, one 16-byte unit per thread, a row's units by consecutive threads (so each
+    row moves as whole lines). Compare with the hybrid table's find / insert above."""
+    import cupy as cp  # noqa: PLC0415 (the device machine has it)
+
+    rt = cp.cuda.runtime
+    nbytes = rows * dim * 4
+    host = rt.hostAlloc(nbytes, rt.hostAllocMapped | rt.hostAllocPortable)
+    try:
+        # Unified addressing: a mapped allocation's device address is its host address.
+        device_view = cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(host, nbytes, None), 0)
+        table = cp.ndarray((rows, dim), cp.float32, device_view)
+        module = cp.RawModule(code=MAPPED_ROWS_KERNELS)
+        units, n = dim // 4, BATCH
+        idx = cp.random.randint(0, rows, size=n, dtype=cp.int64)
+        buf = cp.zeros((n, dim), cp.float32)
+        grid = ((n * units + 255) // 256,)
+        for name in ("gather", "scatter"):
+            kernel = module.get_function(name)
+            args = (table, idx, buf, cp.int64(n), cp.int32(units))
+            kernel(grid, (256,), args)  # warm-up
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            kernel(grid, (256,), args)
+            end.record()
+            end.synchronize()
+            us = cp.cuda.get_elapsed_time(start, end) * 1e3
+            gbs = n * dim * 4 / us / 1e3
+            results.append({"what": f"mapped host rows, {name}", "device_us": us,
+                            "keys_per_s": n / us * 1e6, "gbytes_per_s": gbs})
+            print(f"\nmapped host rows, {name} of 1M random rows of {dim} floats: {us:.0f} us, "
+                  f"{n / us / 1e3:.2f} G rows/s, {gbs:.1f} GB/s")
+    finally:
+        rt.freeHost(host)
 
 
 def step_section(torch, gpu, results, quick):
@@ -175,13 +238,21 @@ def main() -> int:
     import core_gpu_ext  # noqa: PLC0415
     gpu = core_gpu_ext.load_core_gpu_or_exit("gpu_kernel_profile.py")
     results = []
-    for dim in (8, 64):
-        table_section(torch, gpu, dim, results, args.quick)
-        torch.cuda.empty_cache()  # the section's table is gone: give its memory back
-    step_section(torch, gpu, results, args.quick)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(0), "results": results}, f, indent=1)
+    try:
+        for dim in (8, 64):
+            table_section(torch, gpu, dim, results, args.quick)
+            torch.cuda.empty_cache()  # the section's table is gone: give its memory back
+        step_section(torch, gpu, results, args.quick)
+        torch.cuda.empty_cache()
+        table_section(torch, gpu, 64, results, args.quick, hbm_fraction=0.5)
+        torch.cuda.empty_cache()
+        if not PLAIN:
+            mapped_rows_section(results)
+    finally:  # what was measured is written even when a later section fails
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(0), "results": results}, f,
+                          indent=1)
     return 0
 
 
