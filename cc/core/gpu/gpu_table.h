@@ -52,12 +52,15 @@
 //   slots cover max_capacity, and then rehash in place to drop deleted tags).
 //
 // Batches (sequential semantics, table.h)
-//   An insert or assign that fits (above) finds its distinct keys with a
-//   hash set of the batch (batch_set.cuh): per key its last row, whose values
-//   win, and its number of rows, over which its score folds. No sort: one
-//   warp writes each key, and the result does not depend on thread order.
-//   Accum, ApplyRule and batches that may grow or evict add rows in batch
-//   order, so they sort instead:
+//   An insert or assign finds its distinct keys with a hash set of the batch
+//   (batch_set.cuh): per key its last row, whose values win, and its number
+//   of rows, over which its score folds. No sort: the lane holding a key's
+//   last row writes the key (claiming a slot for it by itself, ThreadClaim),
+//   and the result does not depend on thread order. An insert that may grow
+//   the table runs the set twice: present keys (counting the absent ones, one
+//   host sync), growth, absent keys. Accum, ApplyRule and writes to a bounded
+//   table that may evict add rows in batch order, so they sort instead
+//   (ApplyRuleDistinct, for keys known to be distinct, needs no grouping):
 //   keys are sorted with their batch positions (cub radix sort, stable), so
 //   every distinct key's rows are adjacent and in batch order; one warp then
 //   applies all rows of one key in order (last insert wins, accum deltas add
