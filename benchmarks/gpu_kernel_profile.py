@@ -41,8 +41,8 @@ from collections import defaultdict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
-GOLDEN = 0x9E3779B97F4A7C15
 CAPACITY = 1 << 26
 BATCH = 1 << 20
 
@@ -83,14 +83,13 @@ def profile(torch, name, fn, results):
         print(f"  {v:9.1f} us  {k}")
 
 
-def keys_of(torch, ids):
-    return ids.to(torch.int64) * torch.tensor(GOLDEN - (1 << 64), device="cuda")
-
-
 def table_section(torch, gpu, dim, results, quick, hbm_fraction=1.0):
     """Inserts, assigns and finds of 1M keys on a table of CAPACITY slots at load 0.5;
     hbm_fraction < 1: that fraction of the value rows in device memory, the rest in
     mapped host memory (max_hbm_for_values)."""
+    from gpu_table_ops import TorchArrays  # noqa: PLC0415 (benchmarks/, on sys.path)
+
+    keys_of = TorchArrays().keys  # distinct ids -> keys spread over 64 bits
     stream = torch.cuda.current_stream().cuda_stream
     kwargs = {}
     label = f"dim {dim}"
@@ -103,7 +102,7 @@ def table_section(torch, gpu, dim, results, quick, hbm_fraction=1.0):
     fill = 1 << 22
     fill_values = torch.zeros((fill, dim), device="cuda")
     for b in range(0, stored, fill):
-        keys = keys_of(torch, torch.arange(b, b + fill, device="cuda"))
+        keys = keys_of(torch.arange(b, b + fill, device="cuda"))
         table.insert_device(keys.data_ptr(), fill, fill_values.data_ptr(), stream=stream)
     torch.cuda.synchronize()
     assert table.size() == stored, (table.size(), stored)
@@ -118,7 +117,7 @@ def table_section(torch, gpu, dim, results, quick, hbm_fraction=1.0):
         if BATCH - present:
             ids.append(torch.arange(next_new[0], next_new[0] + BATCH - present, device="cuda"))
             next_new[0] += BATCH - present
-        return keys_of(torch, torch.cat(ids))
+        return keys_of(torch.cat(ids))
 
     for hit in (0.6, 1.0):
         prepared = [batch(hit), batch(hit)]  # one for the warm-up call, one profiled
@@ -189,39 +188,14 @@ def mapped_rows_section(results, dim=64, rows=1 << 23):
 
 
 def step_section(torch, gpu, results, quick):
-    import numpy as np  # noqa: PLC0415
+    """gpu_train_step.py's step (its tables and arrays), over 2 tables."""
+    import gpu_train_step  # noqa: PLC0415 (benchmarks/, on sys.path)
 
-    stream = torch.cuda.current_stream().cuda_stream
-    rows, dim, ids_n, distinct = (1_680_000, 128, 105_000, 35_000)
-    if quick:
-        rows = 200_000
-    coefficients = np.array([1e-3, 0.1, 0.001, 1e-7], np.float32)
-    steps = []
-    for t in range(2):
-        params = gpu.Table("int64", "float32", dim, init_capacity=rows)
-        slots = gpu.Table("int64", "float32", 2 * dim, init_capacity=rows)
-        keys = torch.arange(rows, device="cuda", dtype=torch.int64) * 2654435761 + t
-        params.insert_device(keys.data_ptr(), rows,
-                             (torch.randn((rows, dim), device="cuda") * 0.05).data_ptr(),
-                             stream=stream)
-        slots.insert_device(keys.data_ptr(), rows,
-                            torch.zeros((rows, 2 * dim), device="cuda").data_ptr(),
-                            stream=stream)
-        torch.cuda.synchronize()
-        hot = keys[torch.randperm(rows, device="cuda")[:distinct]]
-        ids = hot[torch.randint(0, distinct, (ids_n,), device="cuda")]
-        step = gpu.EmbeddingStep(params, slots, "keras_adam")
-        out = torch.empty((ids_n, dim), device="cuda")
-        grads = torch.randn((ids_n, dim), device="cuda") * 0.01
-        steps.append((params, slots, step, ids, out, grads))
-
-    def one_step():
-        for _, _, step, ids, out, grads in steps:
-            step.forward_device(ids.data_ptr(), ids_n, out.data_ptr(), stream=stream)
-            step.backward_device(grads.data_ptr(), coefficients, stream=stream)
-
+    ids_n = 105_000
+    tables = gpu_train_step.build_tables(gpu, 2, 200_000 if quick else 1_680_000, 128, ids_n,
+                                         35_000)
     profile(torch, "training step, 2 tables (dim 128, 105k ids, 35k distinct each)",
-            one_step, results)
+            lambda: gpu_train_step.run_step(tables, ids_n), results)
 
 
 def main() -> int:

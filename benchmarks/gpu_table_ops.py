@@ -124,7 +124,8 @@ class CupyArrays:
         return a.data.ptr
 
     def stream(self):
-        """The current stream, for the table's *_device calls (see `on_stream`)."""
+        """The current stream, for the table's *_device calls (`stream=`): they are then
+        ordered with this library's kernels and its reuse of freed memory."""
         return self.cp.cuda.get_current_stream().ptr
 
     def sync(self):

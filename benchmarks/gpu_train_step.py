@@ -45,6 +45,52 @@ def gpu_name() -> str:
         return "unknown"
 
 
+# Keras Adam's coefficients at step 1 (update_rules.h).
+ADAM_COEFFICIENTS = (1e-3, 0.1, 0.001, 1e-7)
+
+
+def build_tables(gpu, count, rows, dim, ids_n, distinct):
+    """`count` (parameter table, Adam slot table, EmbeddingStep, ids, out, grads): each
+    pair of tables holds its `rows` keys beforehand, and a step's `ids_n` ids are drawn
+    uniformly from `distinct` of them. CuPy arrays; the step's work goes on CuPy's
+    current stream, ordered with the arrays it reads."""
+    import cupy as cp  # noqa: PLC0415 (the device machine has it)
+
+    rng = cp.random.RandomState(1)
+    stream = cp.cuda.get_current_stream().ptr
+    tables = []
+    for t in range(count):
+        params = gpu.Table("int64", "float32", dim, init_capacity=rows)
+        slots = gpu.Table("int64", "float32", 2 * dim, init_capacity=rows)
+        keys = cp.arange(rows, dtype=cp.int64) * 2654435761 + t
+        values = rng.standard_normal((rows, dim), dtype=cp.float32) * 0.05
+        state = cp.zeros((rows, 2 * dim), cp.float32)
+        params.insert_device(keys.data.ptr, rows, values.data.ptr, stream=stream)
+        slots.insert_device(keys.data.ptr, rows, state.data.ptr, stream=stream)
+        cp.cuda.get_current_stream().synchronize()
+        del values, state
+        hot = keys[rng.permutation(rows)[:distinct]]
+        ids = hot[rng.randint(0, distinct, size=ids_n)]
+        step = gpu.EmbeddingStep(params, slots, "keras_adam")
+        out = cp.empty((ids_n, dim), cp.float32)
+        grads = rng.standard_normal((ids_n, dim), dtype=cp.float32) * 0.01
+        tables.append((params, slots, step, ids, out, grads))
+    cp.get_default_memory_pool().free_all_blocks()
+    return tables
+
+
+def run_step(tables, ids_n):
+    """One training step over every table of build_tables (queued, not synchronized)."""
+    import cupy as cp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    stream = cp.cuda.get_current_stream().ptr
+    coefficients = np.array(ADAM_COEFFICIENTS, np.float32)
+    for _, _, step, ids, out, grads in tables:
+        step.forward_device(ids.data.ptr, ids_n, out.data.ptr, stream=stream)
+        step.backward_device(grads.data.ptr, coefficients, stream=stream)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, default=10)
@@ -61,41 +107,16 @@ def main() -> int:
         args.tables, args.steps = 3, 5
 
     import cupy as cp  # noqa: PLC0415 (the device machine has it)
-    import numpy as np  # noqa: PLC0415
 
     import core_gpu_ext  # noqa: PLC0415
     gpu = core_gpu_ext.load_core_gpu_or_exit("gpu_train_step.py")
 
-    dim, rows = args.dim, args.rows
-    rng = cp.random.RandomState(1)
-    # The step's work goes on CuPy's stream: ordered with the arrays it reads.
-    stream = cp.cuda.get_current_stream().ptr
-    coefficients = np.array([1e-3, 0.1, 0.001, 1e-7], np.float32)  # Keras Adam, step 1
-    tables = []
     t0 = time.perf_counter()
-    for t in range(args.tables):
-        params = gpu.Table("int64", "float32", dim, init_capacity=rows)
-        slots = gpu.Table("int64", "float32", 2 * dim, init_capacity=rows)
-        keys = cp.arange(rows, dtype=cp.int64) * 2654435761 + t
-        values = rng.standard_normal((rows, dim), dtype=cp.float32) * 0.05
-        state = cp.zeros((rows, 2 * dim), cp.float32)
-        params.insert_device(keys.data.ptr, rows, values.data.ptr, stream=stream)
-        slots.insert_device(keys.data.ptr, rows, state.data.ptr, stream=stream)
-        cp.cuda.get_current_stream().synchronize()
-        del values, state
-        hot = keys[rng.permutation(rows)[:args.distinct]]
-        ids = hot[rng.randint(0, args.distinct, size=args.ids)]
-        step = gpu.EmbeddingStep(params, slots, "keras_adam")
-        out = cp.empty((args.ids, dim), cp.float32)
-        grads = rng.standard_normal((args.ids, dim), dtype=cp.float32) * 0.01
-        tables.append((params, slots, step, ids, out, grads))
+    tables = build_tables(gpu, args.tables, args.rows, args.dim, args.ids, args.distinct)
     fill_s = time.perf_counter() - t0
-    cp.get_default_memory_pool().free_all_blocks()
 
     def one_step():
-        for _, _, step, ids, out, grads in tables:
-            step.forward_device(ids.data.ptr, args.ids, out.data.ptr, stream=stream)
-            step.backward_device(grads.data.ptr, coefficients, stream=stream)
+        run_step(tables, args.ids)
 
     def sync():
         cp.cuda.get_current_stream().synchronize()
