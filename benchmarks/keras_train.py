@@ -27,11 +27,14 @@ it is installed):
   (collisions allowed); per-feature, the same 2**20-row budget split into 26 tables of
   `2**20 // 26` rows.
 - `ceiling`: no embedding at all: the same model, loss, optimizer and input pipeline with
-  constant rows where the embedding rows were: one `[batch, 26, 16]` tensor (shared
-  layout), or one `[batch, 1, 16]` tensor per feature joined by the same `Concatenate`
-  as the per-feature model's (per-feature layout: that concat, 26 rows of 64 bytes per
-  example, is the model's cost, not the embedding's). Ours / ceiling is the share of a
-  step the embedding layer leaves to the rest of the model (target >= 0.85).
+  fixed rows where the embedding rows were: one `[batch, 26, 16]` broadcast (shared
+  layout), or one `[batch, 1, 16]` broadcast per feature joined by the same
+  `Concatenate` as the per-feature model's (per-feature layout: that concat, 26 rows of
+  64 bytes per example, is the model's cost, not the embedding's). The fixed rows
+  receive the model's gradient as a trainable embedding's output does (the first dense
+  layer's input-gradient `MatMul`, and per-feature the concat's `SplitV`, run in both
+  steps; see `_fixed_rows_layer`). Ours / ceiling is the share of a step the embedding
+  layer leaves to the rest of the model (target >= 0.85).
 - `ours-untracked`: `ours` with `de.HashTableCreator(track_changes=False)` tables:
   `--impls ours,ours-untracked` measures what change tracking (online learning's
   deltas, docs/online_learning.md) costs the training step.
@@ -176,9 +179,14 @@ def _embedding_layers(impl, vocabularies):
 
 
 def _fixed_rows_layer():
-    """The ceiling's stand-in for an embedding: constant rows, `[batch, n, DIM]` for ids
-    of shape `[batch, n]`, so the model, the loss and the input pipeline are the
-    model's, and no embedding runs."""
+    """The ceiling's stand-in for an embedding: fixed rows, `[batch, n, DIM]` for ids of
+    shape `[batch, n]`, so the model, the loss and the input pipeline are the model's,
+    and no embedding runs. The rows still receive the model's gradient, as any trainable
+    embedding's output does: that gradient is the first dense layer's input-gradient
+    `MatMul` (`[batch, 64] x [64, n * DIM]`, ~3 ms a step at batch 4096 on 2 cores), the
+    model's cost, which a constant input would let TF prune from the ceiling's step
+    alone (docs/benchmarks.md, "A ceiling that receives its gradient"). The rows' own
+    gradient is one example's slice of it, so no reduction over the batch is added."""
     import numpy as np
     import tensorflow as tf
 
@@ -186,11 +194,23 @@ def _fixed_rows_layer():
         def build(self, input_shape):
             rng = np.random.default_rng(0)
             self.n = int(input_shape[-1])
-            self.rows = tf.constant(rng.normal(0.0, 0.01, (self.n, DIM)).astype(np.float32))
+            init = rng.normal(0.0, 0.01, (self.n, DIM)).astype(np.float32)
+            self.rows = self.add_weight(
+                name="rows", shape=(self.n, DIM), initializer=lambda *a, **k: tf.constant(init),
+                trainable=True,
+            )
 
         def call(self, ids):
-            batch = tf.shape(ids)[0]
-            return tf.broadcast_to(self.rows[None], tf.stack([batch, self.n, DIM]))
+            n = self.n
+
+            @tf.custom_gradient
+            def broadcast(rows, batch):
+                def grad(upstream):
+                    return upstream[0], None
+
+                return tf.broadcast_to(rows[None], tf.stack([batch, n, DIM])), grad
+
+            return broadcast(tf.convert_to_tensor(self.rows), tf.shape(ids)[0])
 
     return FixedRows
 
