@@ -15,10 +15,11 @@
 //
 // DYNEMB_HUGE_PAGES=0 in the environment keeps the mappings on 4 KiB pages
 // (for hosts where huge-page faults stall on memory compaction, or where a
-// fresh 2 MiB page costs more than its TLB reach repays: on the development
-// VM a growing table's training step ran 4-13% slower with huge pages,
-// docs/benchmarks.md "Growing tables and fresh memory"). Advice only: a kernel
-// with transparent huge pages off does the same.
+// fresh 2 MiB page costs more than its TLB reach repays: a VM whose balloon
+// reports free 2 MiB blocks to the host gets each new huge page back from the
+// host at 4-5 ms, and there a growing table's training step ran 3-13% slower
+// with huge pages; docs/benchmarks.md "Fresh memory on this VM"). Advice
+// only: a kernel with transparent huge pages off does the same.
 
 #ifndef DYNEMB_CORE_CPU_HUGE_PAGES_H_
 #define DYNEMB_CORE_CPU_HUGE_PAGES_H_
