@@ -9,7 +9,11 @@ seconds, minor page faults of the whole process). Prints the means over the step
 `--warmup`. Growing regime (default): every batch is new, ~26k new keys per step;
 `--steady`: the batches cycle over 20, so after the first 20 steps no key is new.
 A diagnostic, not a target: page faults per step say how much of a step is first
-touches of new memory, which cost 3-12 us each on the development VM.
+touches of new memory, which cost 3-12 us each on the development VM. Of those, the
+huge-page faults (the system's `thp_fault_alloc` count in /proc/vmstat, so other
+processes' count too) are the large tables' new 2 MiB pages, which a VM whose host
+takes freed memory back makes cost 4-5 ms each (`page_faults.py`; docs/benchmarks.md,
+"Fresh memory on this VM").
 """
 
 from __future__ import annotations
@@ -57,16 +61,30 @@ def main():
         def on_train_batch_end(self, batch, logs=None):
             usage = resource.getrusage(resource.RUSAGE_SELF)
             marks.append((time.perf_counter(), usage.ru_utime + usage.ru_stime, usage.ru_stime,
-                          usage.ru_minflt))
+                          usage.ru_minflt, huge_page_faults()))
 
     model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[Probe()])
     first, last = marks[args.warmup - 1], marks[-1]
     steps = len(marks) - args.warmup
-    wall, cpu, system, faults = ((b - a) / steps for a, b in zip(first, last))
+    wall, cpu, system, faults, huge = ((b - a) / steps for a, b in zip(first, last))
     regime = "steady" if args.steady else "growing"
     print(f"{args.layout} {regime}, {args.optimizer}{' unfused' if args.unfused else ''}, TF {tf.__version__} ({'tf_keras' if os.environ.get('TF_USE_LEGACY_KERAS') == '1' else 'Keras 3'}): "
           f"{wall * 1e3:.1f} ms/step, CPU {cpu * 1e3:.1f} ms/step (system {system * 1e3:.1f}), "
-          f"{faults:.0f} page faults/step")
+          f"{faults:.0f} page faults/step, {huge:.1f} of them huge pages")
+
+
+def huge_page_faults() -> int:
+    """The system's count of huge pages allocated at a fault so far (0 where the kernel
+    does not say)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == "thp_fault_alloc":
+                    return int(value)
+    except OSError:
+        pass
+    return 0
 
 
 if __name__ == "__main__":
