@@ -61,3 +61,12 @@ def test_running_out_of_memory_in_a_worker_thread_is_an_error():
     proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"{binary} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     assert "out of memory tests passed" in proc.stdout
+
+
+def test_core_benchmark_builds():
+    """cc/core/bench/core_bench.cc, whose figures docs/benchmarks.md quotes, still
+    compiles against the core's API (it is run by hand: growing a table to 10M keys
+    takes too long for the suite)."""
+    sources = core_ext.core_sources() + [core_ext.REPO / "cc/core/bench/core_bench.cc"]
+    binary = core_ext.build(sources, "core_bench", shared=False)
+    assert binary.is_file()

@@ -4,11 +4,15 @@
 // Prints insert/find keys/s at 1M keys (dim 8 and 64), the insert rate while
 // growing 1M -> 10M keys, and bytes per key at 10M keys; then, for bounded
 // tables (dim 8, LRU): the insert rate below max_capacity, and the rate of
-// inserts into a full table, each of which evicts.
+// inserts into a full table, each of which evicts; then the three table ops of
+// a steady training step (keras_train.py's shared table: find, the fused Adam
+// rule on the slot table, the parameter write-back), ns per key.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -134,6 +138,69 @@ void RunBounded(const ThreadRunner& runner) {
               static_cast<double>(table->MemoryBytes()) / table->Size());
 }
 
+// The table ops of a steady training step of keras_train.py's shared table
+// (dim 16, Adam): a 655,360-key parameter table and its slot table (rows of
+// 2 x 16), and calls of 51,200 distinct keys drawn from them at random (a
+// step's distinct ids): Find in the parameter table, ApplyRule on the slot
+// table, Insert of the new rows into the parameter table. ns per key of each,
+// the median of 40 calls. A gauge for layout work (docs/benchmarks.md, "What
+// the memory allows on this VM"): each op costs about its random cache lines
+// read plus those it dirties, at whatever rate the machine sustains.
+void RunTrainingStep(const ThreadRunner& runner) {
+  constexpr int64_t kKeys = 655360, kBatch = 51200, kDim = 16, kCalls = 40;
+  dynemb::TableOptions options;
+  options.dim = kDim;
+  dynemb::Status status;
+  auto params = dynemb::NewCpuTable(options, &status);
+  options.dim = 2 * kDim;
+  auto slots = dynemb::NewCpuTable(options, &status);
+  std::vector<int64_t> keys = RandomKeys(kKeys, 5);
+  std::vector<float> fill(kKeys * 2 * kDim, 0.01f);
+  params->Insert(keys.data(), kKeys, fill.data(), nullptr, runner);
+  slots->Insert(keys.data(), kKeys, fill.data(), nullptr, runner);
+  std::vector<int64_t> batch(kBatch);
+  std::vector<float> rows(kBatch * kDim), grads(kBatch * kDim, 1e-3f), new_rows(kBatch * kDim);
+  std::vector<float> initial(2 * kDim, 0.0f);
+  std::unique_ptr<bool[]> exists(new bool[kBatch]);
+  const float adam[4] = {1e-3f, 0.1f, 0.001f, 1e-7f};  // alpha, 1 - beta_1, 1 - beta_2, epsilon
+  dynemb::RuleStep step;
+  step.rule = dynemb::UpdateRule::kKerasAdam;
+  step.dim = kDim;
+  step.coefficients = adam;
+  step.rows = rows.data();
+  step.grads = grads.data();
+  step.new_rows = new_rows.data();
+  std::vector<double> find_s, rule_s, insert_s;
+  std::mt19937_64 rng(6);
+  for (int c = 0; c < kCalls; ++c) {
+    // Distinct keys, in random order: a partial shuffle of the key set.
+    for (int64_t i = 0; i < kBatch; ++i) std::swap(keys[i], keys[i + rng() % (kKeys - i)]);
+    std::copy(keys.begin(), keys.begin() + kBatch, batch.begin());
+    auto start = Clock::now();
+    params->FindRows(batch.data(), kBatch, rows.data(), exists.get(), initial.data(), false, false,
+                     runner);
+    find_s.push_back(Seconds(start));
+    start = Clock::now();
+    const dynemb::Status rule = slots->ApplyRule(batch.data(), kBatch, initial.data(), step, runner);
+    rule_s.push_back(Seconds(start));
+    start = Clock::now();
+    params->Insert(batch.data(), kBatch, new_rows.data(), nullptr, runner);
+    insert_s.push_back(Seconds(start));
+    if (!rule.ok()) {
+      std::printf("training step: ApplyRule failed: %s\n", rule.message().c_str());
+      return;
+    }
+  }
+  const auto median_ns = [&](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2] * 1e9 / kBatch;
+  };
+  std::printf("training step (dim 16, Adam, %lld of %lld keys): find %.1f  apply_rule %.1f  "
+              "insert %.1f ns/key\n",
+              static_cast<long long>(kBatch), static_cast<long long>(kKeys), median_ns(find_s),
+              median_ns(rule_s), median_ns(insert_s));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,5 +211,6 @@ int main(int argc, char** argv) {
   RunDim(64, runner);
   RunGrowth(runner);
   RunBounded(runner);
+  RunTrainingStep(runner);
   return 0;
 }
