@@ -144,8 +144,8 @@ void RunBounded(const ThreadRunner& runner) {
 // step's distinct ids): Find in the parameter table, ApplyRule on the slot
 // table, Insert of the new rows into the parameter table. ns per key of each,
 // the median of 40 calls. A gauge for layout work (docs/benchmarks.md, "What
-// the memory allows on this VM"): each op costs about its random cache lines
-// read plus those it dirties, at whatever rate the machine sustains.
+// the memory allows on this VM"): each op costs about the random cache lines
+// it reads plus those it dirties, at whatever rate the machine sustains.
 void RunTrainingStep(const ThreadRunner& runner) {
   constexpr int64_t kKeys = 655360, kBatch = 51200, kDim = 16, kCalls = 40;
   dynemb::TableOptions options;
