@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cc/core/crc32c.h"
+#include "cc/core/out_of_memory.h"
 #include "cc/core/partition.h"
 
 namespace dynemb {
@@ -313,6 +314,23 @@ namespace {
 // ---------------------------------------------------------------------------
 
 // A source read from its start, counting bytes, so errors can say where.
+// Why a read failed when memory ran out. Made once, when the library loads,
+// so that returning it allocates nothing (out_of_memory.h).
+const Status kReadOutOfMemory(
+    StatusCode::kResourceExhausted,
+    "out of memory while reading a table file; free memory, or load with a smaller chunk_rows");
+
+// kResourceExhausted with the message describe() builds, or kReadOutOfMemory
+// when building it runs out of memory too.
+template <typename Describe>
+Status OutOfMemory(Describe&& describe) {
+  try {
+    return Status(StatusCode::kResourceExhausted, describe());
+  } catch (const std::bad_alloc&) {
+    return kReadOutOfMemory;
+  }
+}
+
 class Reader {
  public:
   explicit Reader(ByteSource* source) : source_(source) {}
@@ -384,9 +402,10 @@ struct RowBatch {
       values.resize(n * opt.value_bytes());
       scores.resize(n);
     } catch (const std::bad_alloc&) {
-      return Status(StatusCode::kResourceExhausted,
-                    "out of memory for a batch of " + std::to_string(n) +
-                        " rows read from the table file; pass a smaller chunk_rows");
+      return OutOfMemory([&] {
+        return "out of memory for a batch of " + std::to_string(n) +
+               " rows read from the table file; pass a smaller chunk_rows";
+      });
     }
     return Status::Ok();
   }
@@ -518,9 +537,10 @@ Status ReadBlocks(Reader* reader, uint32_t digest, StreamJob* job) {
     try {
       payload.resize(head.payload_bytes);
     } catch (const std::bad_alloc&) {
-      return Status(StatusCode::kResourceExhausted,
-                    "out of memory for a block of " + std::to_string(head.payload_bytes) +
-                        " bytes of the table file");
+      return OutOfMemory([&] {
+        return "out of memory for a block of " + std::to_string(head.payload_bytes) +
+               " bytes of the table file";
+      });
     }
     DYNEMB_RETURN_IF_ERROR(reader->Exact(payload.data(), payload.size(), "a block"));
     if (UnmaskCrc32c(head.payload_crc) != Crc32c(payload.data(), payload.size())) {
@@ -713,10 +733,17 @@ Status ReadStream(ByteSource* source, StreamJob* job) {
   return ReadRecordsV1(&reader, job);
 }
 
-// `status`, prefixed with the name of the stream it is about.
+// `status`, prefixed with the name of the stream it is about (as it is, when
+// memory has run out for the longer message).
 Status Named(const ByteSource& source, Status status) {
-  if (status.ok() || source.Name().empty()) return status;
-  return Status(status.code(), source.Name() + ": " + status.message());
+  if (status.ok()) return status;
+  try {
+    const std::string name = source.Name();
+    if (name.empty()) return status;
+    return Status(status.code(), name + ": " + status.message());
+  } catch (const std::bad_alloc&) {
+    return status;
+  }
 }
 
 Status CheckLoadOptions(const std::vector<ByteSource*>& sources, const LoadOptions& options) {
@@ -743,7 +770,10 @@ Status ReadOne(const std::vector<ByteSource*>& sources, size_t i, const TableOpt
                std::vector<LoadedFile>* loaded) {
   StreamJob job{&opt, &options, options.expected.empty() ? nullptr : &options.expected[i], table,
                 &runner, LoadedFile{}};
-  DYNEMB_RETURN_IF_ERROR(Named(*sources[i], ReadStream(sources[i], &job)));
+  // The reads allocate as they go (a block's payload, a batch's rows, each
+  // string key): wherever memory runs out, the load returns an error.
+  DYNEMB_RETURN_IF_ERROR(Named(
+      *sources[i], CatchOutOfMemory(kReadOutOfMemory, [&] { return ReadStream(sources[i], &job); })));
   if (loaded != nullptr) (*loaded)[i] = job.info;
   return Status::Ok();
 }

@@ -18,10 +18,12 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cc/core/cpu/row_slab.h"
 #include "cc/core/hash.h"
+#include "cc/core/out_of_memory.h"
 #include "cc/core/score_rule.h"
 #include "cc/core/table.h"
 #include "cc/core/update_rules.h"
@@ -77,24 +79,11 @@ const Status kOutOfMemory(
 const Status kOutOfRowIndices(StatusCode::kResourceExhausted,
                               "a table shard ran out of row indices (2^32 - 1 keys per shard)");
 
-// Runs body(), which returns a Status; std::bad_alloc becomes that error.
-//
-// A thread's first throw allocates its C++ exception state (libstdc++'s
-// thread-local data, allocated lazily where libstdc++ was loaded by dlopen, as
-// under Python). If that allocation fails, as it does when the throw is a
-// bad_alloc, glibc ends the process ("cannot allocate memory for thread-local
-// data"), so no catch could help. std::uncaught_exceptions() reads that state,
-// so calling it on entry allocates it while memory is still there.
+// Runs body(), which returns a Status; std::bad_alloc becomes kOutOfMemory
+// (out_of_memory.h).
 template <typename Body>
 Status GuardMemory(Body&& body) {
-  // volatile: the call is declared pure, and an unused result would drop it.
-  volatile int touch_exception_state = std::uncaught_exceptions();
-  (void)touch_exception_state;
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return kOutOfMemory;
-  }
+  return CatchOutOfMemory(kOutOfMemory, std::forward<Body>(body));
 }
 
 // The first error of calls that may run on several threads. Adding an error

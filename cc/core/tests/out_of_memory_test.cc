@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "cc/core/table.h"
+#include "cc/core/table_io.h"
 #include "cc/core/tests/thread_runner.h"
 
 // GCC 12 takes the free() of the replacement operator delete, once inlined
@@ -38,10 +40,18 @@ constexpr size_t kKeyLength = 200;
 std::atomic<bool> g_armed{false};
 std::atomic<int64_t> g_key_buffers_left{0};
 std::atomic<bool> g_exhausted{false};
+// Also fail the first allocation of at least this many bytes (0: none): a
+// load's block payload or batch of rows.
+std::atomic<size_t> g_fail_from_bytes{0};
 
 bool ShouldFail(size_t size) {
   if (!g_armed.load(std::memory_order_relaxed)) return false;
   if (g_exhausted.load(std::memory_order_relaxed)) return true;
+  const size_t from = g_fail_from_bytes.load(std::memory_order_relaxed);
+  if (from > 0 && size >= from) {
+    g_exhausted.store(true, std::memory_order_relaxed);
+    return true;
+  }
   if (size != kKeyLength + 1) return false;
   if (g_key_buffers_left.fetch_sub(1, std::memory_order_relaxed) > 0) return false;
   g_exhausted.store(true, std::memory_order_relaxed);
@@ -138,6 +148,126 @@ void InsertRunsOutOfMemory(const char* name, int64_t max_capacity, int threads, 
   }
 }
 
+struct MemorySink : ByteSink {
+  std::string data;
+  Status Append(const void* p, size_t n) override {
+    data.append(static_cast<const char*>(p), n);
+    return Status::Ok();
+  }
+  Status Close() override { return Status::Ok(); }
+};
+
+// A file in memory, with a name longer than a short string's inline buffer, so
+// that prefixing an error with it allocates.
+struct NamedMemorySource : ByteSource {
+  const std::string* data;
+  size_t pos = 0;
+  explicit NamedMemorySource(const std::string* d) : data(d) {}
+  Status Read(void* p, size_t n, bool* eof) override {
+    *eof = false;
+    if (n == 0) return Status::Ok();
+    if (pos == data->size()) {
+      *eof = true;
+      return Status::Ok();
+    }
+    if (data->size() - pos < n) return Status(StatusCode::kDataLoss, "short read");
+    std::memcpy(p, data->data() + pos, n);
+    pos += n;
+    return Status::Ok();
+  }
+  Status Rewind() override {
+    pos = 0;
+    return Status::Ok();
+  }
+  std::string Name() const override { return "/a/long/path/to/shard-00000-of-00001.dynemb"; }
+};
+
+// Loads a saved table into one that holds other keys (an upsert: clear_first
+// false), memory running out at the reads' first allocation of
+// `fail_from_bytes` or more (numeric keys: a block's payload) or after `good`
+// key buffers (string keys, which the reads and the inserts both allocate);
+// checks the error, that the table kept its keys and is consistent, and that
+// the same load succeeds once memory is back.
+void LoadRunsOutOfMemory(bool string_keys, size_t fail_from_bytes, int64_t good) {
+  const std::string label = std::string("load, ") + (string_keys ? "string" : "int64") +
+                            " keys, memory out from " + std::to_string(fail_from_bytes) +
+                            " bytes / after " + std::to_string(good) + " keys";
+  TableOptions options;
+  options.key_type = string_keys ? KeyType::kString : KeyType::kInt64;
+  options.dim = 16;
+  Status status;
+  std::unique_ptr<Table> saved = NewCpuTable(options, &status);
+  std::unique_ptr<Table> target = NewCpuTable(options, &status);
+  Expect(saved != nullptr && target != nullptr, label + ": NewCpuTable: " + status.message());
+  if (saved == nullptr || target == nullptr) return;
+  // Keys [0, n) are the file's, [n, n + kept) the target's own.
+  const int64_t n = 20000, kept = 100;
+  std::vector<int64_t> ints(n + kept);
+  std::vector<std::string> storage;
+  for (int64_t i = 0; i < n + kept; ++i) {
+    ints[i] = i * 7919;
+    std::string key = "key-" + std::to_string(i) + "-";
+    key.resize(kKeyLength, 'x');
+    storage.push_back(std::move(key));
+  }
+  const std::vector<std::string_view> views(storage.begin(), storage.end());
+  const auto keys_at = [&](int64_t i) {
+    return string_keys ? static_cast<const void*>(views.data() + i)
+                       : static_cast<const void*>(ints.data() + i);
+  };
+  std::vector<float> values((n + kept) * 16);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  ThreadRunner runner(2);
+  Expect(saved->Insert(keys_at(0), n, values.data(), nullptr, runner).ok(), label + ": insert");
+  MemorySink file;
+  Expect(SaveTable(*saved, 4096, &file).ok(), label + ": save");
+  Expect(target->Insert(keys_at(n), kept, values.data() + n * 16, nullptr, runner).ok(),
+         label + ": insert the target's own keys");
+  LoadOptions upsert;
+  upsert.clear_first = false;
+
+  NamedMemorySource source(&file.data);
+  g_fail_from_bytes.store(fail_from_bytes);
+  g_key_buffers_left.store(good);
+  g_exhausted.store(false);
+  g_armed.store(true);
+  status = LoadTable({&source}, *target, upsert, runner);
+  g_armed.store(false);
+  g_fail_from_bytes.store(0);
+
+  Expect(status.code() == StatusCode::kResourceExhausted,
+         label + ": expected kResourceExhausted, got code " +
+             std::to_string(static_cast<int>(status.code())) + ": " + status.message());
+  Expect(status.message().find("out of memory") != std::string::npos,
+         label + ": message " + status.message());
+  // Every key the table holds has its row, and its own keys are all there.
+  std::vector<float> found((n + kept) * 16);
+  std::unique_ptr<bool[]> exists(new bool[n + kept]);
+  const float zeros[16] = {};
+  Expect(target->Find(keys_at(0), n + kept, found.data(), exists.get(), zeros, false, runner).ok(),
+         label + ": Find after the failed load");
+  int64_t present = 0;
+  for (int64_t i = 0; i < n + kept; ++i) {
+    if (!exists[i]) {
+      Expect(i < n, label + ": the table lost its key " + std::to_string(i));
+      continue;
+    }
+    ++present;
+    Expect(std::memcmp(&found[i * 16], &values[i * 16], 16 * sizeof(float)) == 0,
+           label + ": row of key " + std::to_string(i));
+  }
+  Expect(present == target->Size(), label + ": size " + std::to_string(target->Size()) +
+                                        " but " + std::to_string(present) + " keys found");
+
+  source.Rewind();
+  status = LoadTable({&source}, *target, upsert, runner);
+  Expect(status.ok(), label + ": load once memory is back: " + status.message());
+  Expect(target->Size() == n + kept &&
+             target->Find(keys_at(0), n + kept, found.data(), nullptr, zeros, false, runner).ok() &&
+             found == values,
+         label + ": the rows after the second load");
+}
+
 }  // namespace
 }  // namespace dynemb
 
@@ -150,6 +280,9 @@ int main() {
       dynemb::InsertRunsOutOfMemory("bounded", 1 << 20, threads, good);
     }
   }
+  // A block of 4,096 rows of int64 keys, scores and 16 floats: 320 KiB.
+  dynemb::LoadRunsOutOfMemory(/*string_keys=*/false, /*fail_from_bytes=*/256 << 10, 0);
+  for (int64_t good : {0, 1, 7000}) dynemb::LoadRunsOutOfMemory(/*string_keys=*/true, 0, good);
   if (dynemb::g_failures != 0) {
     std::printf("%d failures\n", dynemb::g_failures);
     return 1;
