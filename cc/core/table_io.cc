@@ -16,6 +16,13 @@
 namespace dynemb {
 namespace {
 
+// Why a save failed when memory ran out (a block being gathered). Made once,
+// when the library loads, so that returning it allocates nothing
+// (out_of_memory.h).
+const Status kWriteOutOfMemory(
+    StatusCode::kResourceExhausted,
+    "out of memory while writing a table file; free memory, or save with a smaller chunk_rows");
+
 constexpr char kMagic[8] = {'D', 'Y', 'N', 'E', 'M', 'B', '\0', '\1'};
 
 // The 32 bytes versions 1 and 2 share (version 1's whole header).
@@ -253,14 +260,16 @@ Status CheckLayout(const SaveOptions& options) {
 Status SaveTable(Table& table, const SaveOptions& options, ByteSink* sink, SavedFile* saved) {
   DYNEMB_RETURN_IF_ERROR(CheckLayout(options));
   if (options.keys_only) return InvalidArgument("SaveTable writes rows: keys_only must be false");
-  RowFileWriter writer(table.options(), options, sink);
-  DYNEMB_RETURN_IF_ERROR(writer.Begin());
-  DYNEMB_RETURN_IF_ERROR(table.ExportChunks(
-      options.chunk_rows,
-      [&](const void* keys, int64_t n, const void* values, const uint64_t* scores) {
-        return writer.Add(keys, n, values, scores);
-      }));
-  return writer.Finish(saved);
+  return CatchOutOfMemory(kWriteOutOfMemory, [&] {
+    RowFileWriter writer(table.options(), options, sink);
+    DYNEMB_RETURN_IF_ERROR(writer.Begin());
+    DYNEMB_RETURN_IF_ERROR(table.ExportChunks(
+        options.chunk_rows,
+        [&](const void* keys, int64_t n, const void* values, const uint64_t* scores) {
+          return writer.Add(keys, n, values, scores);
+        }));
+    return writer.Finish(saved);
+  });
 }
 
 Status SaveChanges(Table& table, const ChangeMark& since, const ChangeMark& until,
@@ -272,20 +281,22 @@ Status SaveChanges(Table& table, const ChangeMark& since, const ChangeMark& unti
   row_options.keys_only = false;
   SaveOptions key_options = row_options;
   key_options.keys_only = true;
-  RowFileWriter row_writer(table.options(), row_options, rows);
-  RowFileWriter key_writer(table.options(), key_options, removed);
-  DYNEMB_RETURN_IF_ERROR(row_writer.Begin());
-  DYNEMB_RETURN_IF_ERROR(key_writer.Begin());
-  DYNEMB_RETURN_IF_ERROR(table.ExportChanges(
-      since, until, options.chunk_rows,
-      [&](const void* keys, int64_t n, const void* values, const uint64_t*) {
-        return row_writer.Add(keys, n, values, nullptr);
-      },
-      [&](const void* keys, int64_t n) { return key_writer.Add(keys, n, nullptr, nullptr); },
-      complete));
-  if (!*complete) return Status::Ok();
-  DYNEMB_RETURN_IF_ERROR(row_writer.Finish(rows_saved));
-  return key_writer.Finish(removed_saved);
+  return CatchOutOfMemory(kWriteOutOfMemory, [&] {
+    RowFileWriter row_writer(table.options(), row_options, rows);
+    RowFileWriter key_writer(table.options(), key_options, removed);
+    DYNEMB_RETURN_IF_ERROR(row_writer.Begin());
+    DYNEMB_RETURN_IF_ERROR(key_writer.Begin());
+    DYNEMB_RETURN_IF_ERROR(table.ExportChanges(
+        since, until, options.chunk_rows,
+        [&](const void* keys, int64_t n, const void* values, const uint64_t*) {
+          return row_writer.Add(keys, n, values, nullptr);
+        },
+        [&](const void* keys, int64_t n) { return key_writer.Add(keys, n, nullptr, nullptr); },
+        complete));
+    if (!*complete) return Status::Ok();
+    DYNEMB_RETURN_IF_ERROR(row_writer.Finish(rows_saved));
+    return key_writer.Finish(removed_saved);
+  });
 }
 
 Status SaveRows(const TableOptions& table, const SaveOptions& options, const void* keys,
@@ -295,10 +306,12 @@ Status SaveRows(const TableOptions& table, const SaveOptions& options, const voi
   if (options.with_scores && scores == nullptr && n > 0) {
     return InvalidArgument("SaveRows: scores must not be null when with_scores is true");
   }
-  RowFileWriter writer(table, options, sink);
-  DYNEMB_RETURN_IF_ERROR(writer.Begin());
-  DYNEMB_RETURN_IF_ERROR(writer.Add(keys, n, values, scores));
-  return writer.Finish(saved);
+  return CatchOutOfMemory(kWriteOutOfMemory, [&] {
+    RowFileWriter writer(table, options, sink);
+    DYNEMB_RETURN_IF_ERROR(writer.Begin());
+    DYNEMB_RETURN_IF_ERROR(writer.Add(keys, n, values, scores));
+    return writer.Finish(saved);
+  });
 }
 
 Status SaveTable(Table& table, int64_t chunk_rows, ByteSink* sink) {

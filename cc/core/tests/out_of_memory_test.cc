@@ -1,8 +1,8 @@
 // Running out of memory in the middle of a batch, deterministically: this
 // binary replaces the global operator new with one that, once armed, fails
-// the allocation of a long string key's buffer after a given number of them,
-// and from then on every allocation on every thread (as when the address
-// space is exhausted). An insert of string keys must then return
+// the allocation of a long string key's buffer after a given number of them
+// (or the first allocation past a size), and from then on every allocation on
+// every thread (as when the address space is exhausted). An insert of string keys must then return
 // kResourceExhausted, with the table consistent, instead of ending the
 // process: where the out-of-memory error itself allocated (a Status message
 // built in the std::bad_alloc handler), that second bad_alloc escaped a
@@ -268,6 +268,48 @@ void LoadRunsOutOfMemory(bool string_keys, size_t fail_from_bytes, int64_t good)
          label + ": the rows after the second load");
 }
 
+// Writes 20,000 rows with SaveRows, memory running out when its block buffer
+// grows past 1 MiB; then, memory back, writes them again and reads them back.
+void SaveRunsOutOfMemory() {
+  const std::string label = "save, int64 keys, memory out from 1 MiB";
+  TableOptions options;
+  options.dim = 16;
+  const int64_t n = 20000;
+  std::vector<int64_t> keys(n);
+  std::vector<float> values(n * 16);
+  for (int64_t i = 0; i < n; ++i) keys[i] = i * 7919;
+  for (int64_t i = 0; i < n * 16; ++i) values[i] = static_cast<float>(i);
+  SaveOptions save;
+  save.with_scores = false;
+  MemorySink failed;
+  g_fail_from_bytes.store(size_t{1} << 20);
+  g_exhausted.store(false);
+  g_armed.store(true);
+  Status status = SaveRows(options, save, keys.data(), n, values.data(), nullptr, &failed, nullptr);
+  g_armed.store(false);
+  g_fail_from_bytes.store(0);
+  Expect(status.code() == StatusCode::kResourceExhausted,
+         label + ": expected kResourceExhausted, got code " +
+             std::to_string(static_cast<int>(status.code())) + ": " + status.message());
+  Expect(status.message().find("out of memory") != std::string::npos,
+         label + ": message " + status.message());
+
+  MemorySink file;
+  status = SaveRows(options, save, keys.data(), n, values.data(), nullptr, &file, nullptr);
+  Expect(status.ok(), label + ": save once memory is back: " + status.message());
+  std::unique_ptr<Table> table = NewCpuTable(options, &status);
+  NamedMemorySource source(&file.data);
+  ThreadRunner runner(1);
+  Expect(table != nullptr && LoadTable({&source}, *table, LoadOptions{}, runner).ok(),
+         label + ": load the second save");
+  std::vector<float> found(n * 16);
+  const float zeros[16] = {};
+  Expect(table != nullptr && table->Size() == n &&
+             table->Find(keys.data(), n, found.data(), nullptr, zeros, false, runner).ok() &&
+             found == values,
+         label + ": the rows of the second save");
+}
+
 }  // namespace
 }  // namespace dynemb
 
@@ -283,6 +325,7 @@ int main() {
   // A block of 4,096 rows of int64 keys, scores and 16 floats: 320 KiB.
   dynemb::LoadRunsOutOfMemory(/*string_keys=*/false, /*fail_from_bytes=*/256 << 10, 0);
   for (int64_t good : {0, 1, 7000}) dynemb::LoadRunsOutOfMemory(/*string_keys=*/true, 0, good);
+  dynemb::SaveRunsOutOfMemory();
   if (dynemb::g_failures != 0) {
     std::printf("%d failures\n", dynemb::g_failures);
     return 1;
