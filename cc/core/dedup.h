@@ -9,16 +9,25 @@
 
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "cc/core/hash.h"
 
 namespace dynemb {
 
+// The int32 slots DedupKeys needs for n keys: a power of two, at least 2n,
+// so probes stay short.
+inline int64_t DedupSlots(int64_t n) {
+  uint64_t size = 16;
+  while (size < 2 * static_cast<uint64_t>(n)) size <<= 1;
+  return static_cast<int64_t>(size);
+}
+
 // Writes the distinct keys of keys[0, n) to unique[0, m) in order of first
 // occurrence and index[i] = position of keys[i] in unique; returns m.
-// `unique` has room for n keys. Open addressing over a power-of-two array of
-// at least 2n int32 positions (-1: empty), so probes stay short; the keys
+// `unique` has room for n keys; `slots` is the caller's scratch of
+// DedupSlots(n) int32 (the caller allocates it, so that a batch too large for
+// memory is the allocator's error, not a std::bad_alloc leaving an op). Open
+// addressing over the slots (positions in `unique`, -1: empty); the keys
 // themselves are compared in `unique`. O(n), one thread: the batch is small
 // (~100k ids) and its order is sequential by definition. Key i's hash is
 // taken, and its first slot prefetched, kDedupAhead keys before it is placed:
@@ -27,11 +36,10 @@ namespace dynemb {
 constexpr int64_t kDedupAhead = 16;
 
 template <typename K, typename Index>
-int64_t DedupKeys(const K* keys, int64_t n, K* unique, Index* index) {
-  uint64_t size = 16;
-  while (size < 2 * static_cast<uint64_t>(n)) size <<= 1;
+int64_t DedupKeys(const K* keys, int64_t n, K* unique, Index* index, int32_t* slots) {
+  const uint64_t size = static_cast<uint64_t>(DedupSlots(n));
   const uint64_t mask = size - 1;
-  std::vector<int32_t> slots(size, -1);
+  std::memset(slots, 0xff, size * sizeof(int32_t));  // every slot -1
   // hashes[i % kDedupAhead]: key i's hash, from when it was prefetched.
   uint64_t hashes[kDedupAhead];
   const int64_t ahead = n < kDedupAhead ? n : kDedupAhead;

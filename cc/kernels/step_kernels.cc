@@ -37,10 +37,11 @@ class UniqueOp : public OpKernel {
                     "keys must hold fewer than 2^31 - 1 keys, got ", n)));
     Tensor* index = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &index));
-    Tensor unique;
+    Tensor unique, slots;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(keys.dtype(), keys.shape(), &unique));
-    const int64_t m =
-        DedupKeys(keys.flat<K>().data(), n, unique.flat<K>().data(), index->flat<Index>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({DedupSlots(n)}), &slots));
+    const int64_t m = DedupKeys(keys.flat<K>().data(), n, unique.flat<K>().data(),
+                                index->flat<Index>().data(), slots.flat<int32_t>().data());
     ctx->set_output(0, unique.Slice(0, m));
   }
 };
