@@ -80,6 +80,30 @@ void Expect(bool ok, const std::string& what) {
   ++g_failures;
 }
 
+// Runs call() with memory running out at the first allocation of
+// `fail_from_bytes` or more (0: never by size) or after `good` long key
+// buffers, and every allocation after that; returns its Status.
+template <typename Call>
+Status WithMemoryRunningOut(size_t fail_from_bytes, int64_t good, Call&& call) {
+  g_fail_from_bytes.store(fail_from_bytes);
+  g_key_buffers_left.store(good);
+  g_exhausted.store(false);
+  g_armed.store(true);
+  const Status status = call();
+  g_armed.store(false);
+  g_fail_from_bytes.store(0);
+  return status;
+}
+
+// The error a call that ran out of memory must return.
+void ExpectOutOfMemory(const Status& status, const std::string& label) {
+  Expect(status.code() == StatusCode::kResourceExhausted,
+         label + ": expected kResourceExhausted, got code " +
+             std::to_string(static_cast<int>(status.code())) + ": " + status.message());
+  Expect(status.message().find("out of memory") != std::string::npos,
+         label + ": message " + status.message());
+}
+
 // Fills a string table with n keys, memory running out after `good` key
 // buffers; checks the error, the table's consistency, and that the same batch
 // goes in once memory is back.
@@ -108,17 +132,9 @@ void InsertRunsOutOfMemory(const char* name, int64_t max_capacity, int threads, 
   for (int64_t i = 0; i < n * 2; ++i) values[i] = static_cast<float>(i);
   ThreadRunner runner(threads);
 
-  g_key_buffers_left.store(good);
-  g_exhausted.store(false);
-  g_armed.store(true);
-  status = table->Insert(keys.data(), n, values.data(), nullptr, runner);
-  g_armed.store(false);
-
-  Expect(status.code() == StatusCode::kResourceExhausted,
-         label + ": expected kResourceExhausted, got code " +
-             std::to_string(static_cast<int>(status.code())));
-  Expect(status.message().find("out of memory") != std::string::npos,
-         label + ": message " + status.message());
+  status = WithMemoryRunningOut(
+      0, good, [&] { return table->Insert(keys.data(), n, values.data(), nullptr, runner); });
+  ExpectOutOfMemory(status, label);
   std::vector<float> found(n * 2);
   std::unique_ptr<bool[]> exists(new bool[n]);
   const float zeros[2] = {0, 0};
@@ -227,19 +243,9 @@ void LoadRunsOutOfMemory(bool string_keys, size_t fail_from_bytes, int64_t good)
   upsert.clear_first = false;
 
   NamedMemorySource source(&file.data);
-  g_fail_from_bytes.store(fail_from_bytes);
-  g_key_buffers_left.store(good);
-  g_exhausted.store(false);
-  g_armed.store(true);
-  status = LoadTable({&source}, *target, upsert, runner);
-  g_armed.store(false);
-  g_fail_from_bytes.store(0);
-
-  Expect(status.code() == StatusCode::kResourceExhausted,
-         label + ": expected kResourceExhausted, got code " +
-             std::to_string(static_cast<int>(status.code())) + ": " + status.message());
-  Expect(status.message().find("out of memory") != std::string::npos,
-         label + ": message " + status.message());
+  status = WithMemoryRunningOut(fail_from_bytes, good,
+                                [&] { return LoadTable({&source}, *target, upsert, runner); });
+  ExpectOutOfMemory(status, label);
   // Every key the table holds has its row, and its own keys are all there.
   std::vector<float> found((n + kept) * 16);
   std::unique_ptr<bool[]> exists(new bool[n + kept]);
@@ -282,17 +288,10 @@ void SaveRunsOutOfMemory() {
   SaveOptions save;
   save.with_scores = false;
   MemorySink failed;
-  g_fail_from_bytes.store(size_t{1} << 20);
-  g_exhausted.store(false);
-  g_armed.store(true);
-  Status status = SaveRows(options, save, keys.data(), n, values.data(), nullptr, &failed, nullptr);
-  g_armed.store(false);
-  g_fail_from_bytes.store(0);
-  Expect(status.code() == StatusCode::kResourceExhausted,
-         label + ": expected kResourceExhausted, got code " +
-             std::to_string(static_cast<int>(status.code())) + ": " + status.message());
-  Expect(status.message().find("out of memory") != std::string::npos,
-         label + ": message " + status.message());
+  Status status = WithMemoryRunningOut(size_t{1} << 20, 0, [&] {
+    return SaveRows(options, save, keys.data(), n, values.data(), nullptr, &failed, nullptr);
+  });
+  ExpectOutOfMemory(status, label);
 
   MemorySink file;
   status = SaveRows(options, save, keys.data(), n, values.data(), nullptr, &file, nullptr);
