@@ -16,12 +16,25 @@
 namespace dynemb {
 namespace {
 
-// Why a save failed when memory ran out (a block being gathered). Made once,
-// when the library loads, so that returning it allocates nothing
-// (out_of_memory.h).
+// Why a save or a read failed when memory ran out. Made once, when the
+// library loads, so that returning them allocates nothing (out_of_memory.h).
 const Status kWriteOutOfMemory(
     StatusCode::kResourceExhausted,
     "out of memory while writing a table file; free memory, or save with a smaller chunk_rows");
+const Status kReadOutOfMemory(
+    StatusCode::kResourceExhausted,
+    "out of memory while reading a table file; free memory, or load with a smaller chunk_rows");
+
+// kResourceExhausted with the message describe() builds, or kReadOutOfMemory
+// when building it runs out of memory too.
+template <typename Describe>
+Status OutOfMemory(Describe&& describe) {
+  try {
+    return Status(StatusCode::kResourceExhausted, describe());
+  } catch (const std::bad_alloc&) {
+    return kReadOutOfMemory;
+  }
+}
 
 constexpr char kMagic[8] = {'D', 'Y', 'N', 'E', 'M', 'B', '\0', '\1'};
 
@@ -327,23 +340,6 @@ namespace {
 // ---------------------------------------------------------------------------
 
 // A source read from its start, counting bytes, so errors can say where.
-// Why a read failed when memory ran out. Made once, when the library loads,
-// so that returning it allocates nothing (out_of_memory.h).
-const Status kReadOutOfMemory(
-    StatusCode::kResourceExhausted,
-    "out of memory while reading a table file; free memory, or load with a smaller chunk_rows");
-
-// kResourceExhausted with the message describe() builds, or kReadOutOfMemory
-// when building it runs out of memory too.
-template <typename Describe>
-Status OutOfMemory(Describe&& describe) {
-  try {
-    return Status(StatusCode::kResourceExhausted, describe());
-  } catch (const std::bad_alloc&) {
-    return kReadOutOfMemory;
-  }
-}
-
 class Reader {
  public:
   explicit Reader(ByteSource* source) : source_(source) {}
