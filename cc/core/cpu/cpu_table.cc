@@ -9,7 +9,6 @@
 #include <bitset>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>

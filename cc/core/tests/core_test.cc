@@ -42,6 +42,7 @@
 #include "cc/core/partition.h"
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
+#include "cc/core/tests/memory_streams.h"
 #include "cc/core/tests/thread_runner.h"
 #include "cc/core/value_ops.h"
 
@@ -129,41 +130,6 @@ struct VectorSink : ExportSink {
     return Status::Ok();
   }
   void SetStringKey(int64_t i, std::string_view key) override { string_keys[i] = std::string(key); }
-};
-
-struct MemorySink : ByteSink {
-  std::string data;
-  bool closed = false;
-  Status Append(const void* p, size_t n) override {
-    data.append(static_cast<const char*>(p), n);
-    return Status::Ok();
-  }
-  Status Close() override {
-    closed = true;
-    return Status::Ok();
-  }
-};
-
-struct MemorySource : ByteSource {
-  std::string data;
-  size_t pos = 0;
-  explicit MemorySource(std::string d) : data(std::move(d)) {}
-  Status Read(void* p, size_t n, bool* eof) override {
-    *eof = false;
-    if (n == 0) return Status::Ok();
-    if (pos == data.size()) {
-      *eof = true;
-      return Status::Ok();
-    }
-    if (data.size() - pos < n) return Status(StatusCode::kDataLoss, "short read");
-    std::memcpy(p, data.data() + pos, n);
-    pos += n;
-    return Status::Ok();
-  }
-  Status Rewind() override {
-    pos = 0;
-    return Status::Ok();
-  }
 };
 
 void TestNamesAndOptions() {

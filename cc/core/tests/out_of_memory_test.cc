@@ -25,6 +25,7 @@
 
 #include "cc/core/table.h"
 #include "cc/core/table_io.h"
+#include "cc/core/tests/memory_streams.h"
 #include "cc/core/tests/thread_runner.h"
 
 // GCC 12 takes the free() of the replacement operator delete, once inlined
@@ -164,40 +165,6 @@ void InsertRunsOutOfMemory(const char* name, int64_t max_capacity, int threads, 
   }
 }
 
-struct MemorySink : ByteSink {
-  std::string data;
-  Status Append(const void* p, size_t n) override {
-    data.append(static_cast<const char*>(p), n);
-    return Status::Ok();
-  }
-  Status Close() override { return Status::Ok(); }
-};
-
-// A file in memory, with a name longer than a short string's inline buffer, so
-// that prefixing an error with it allocates.
-struct NamedMemorySource : ByteSource {
-  const std::string* data;
-  size_t pos = 0;
-  explicit NamedMemorySource(const std::string* d) : data(d) {}
-  Status Read(void* p, size_t n, bool* eof) override {
-    *eof = false;
-    if (n == 0) return Status::Ok();
-    if (pos == data->size()) {
-      *eof = true;
-      return Status::Ok();
-    }
-    if (data->size() - pos < n) return Status(StatusCode::kDataLoss, "short read");
-    std::memcpy(p, data->data() + pos, n);
-    pos += n;
-    return Status::Ok();
-  }
-  Status Rewind() override {
-    pos = 0;
-    return Status::Ok();
-  }
-  std::string Name() const override { return "/a/long/path/to/shard-00000-of-00001.dynemb"; }
-};
-
 // Loads a saved table into one that holds other keys (an upsert: clear_first
 // false), memory running out at the reads' first allocation of
 // `fail_from_bytes` or more (numeric keys: a block's payload) or after `good`
@@ -242,7 +209,8 @@ void LoadRunsOutOfMemory(bool string_keys, size_t fail_from_bytes, int64_t good)
   LoadOptions upsert;
   upsert.clear_first = false;
 
-  NamedMemorySource source(&file.data);
+  // A name longer than a short string's inline buffer: prefixing an error with it allocates.
+  MemorySource source(file.data, "/a/long/path/to/shard-00000-of-00001.dynemb");
   status = WithMemoryRunningOut(fail_from_bytes, good,
                                 [&] { return LoadTable({&source}, *target, upsert, runner); });
   ExpectOutOfMemory(status, label);
@@ -297,7 +265,7 @@ void SaveRunsOutOfMemory() {
   status = SaveRows(options, save, keys.data(), n, values.data(), nullptr, &file, nullptr);
   Expect(status.ok(), label + ": save once memory is back: " + status.message());
   std::unique_ptr<Table> table = NewCpuTable(options, &status);
-  NamedMemorySource source(&file.data);
+  MemorySource source(file.data);
   ThreadRunner runner(1);
   Expect(table != nullptr && LoadTable({&source}, *table, LoadOptions{}, runner).ok(),
          label + ": load the second save");
