@@ -1,7 +1,7 @@
 """Cost of one `keras_train.py` training step of ours: wall time, CPU time and page faults.
 
     python benchmarks/step_cost.py [--layout per-feature|shared] [--steady]
-        [--warmup 40] [--steps 40] [--optimizer adam|...] [--unfused]
+        [--warmup 40] [--steps 40] [--optimizer adam|...] [--unfused] [--per-step]
 
 Trains `keras_train.py`'s model (our layers, Adam or `--optimizer`, batch 4096) with `model.fit` in this
 process and reads, after each step, the clock and `getrusage` (CPU seconds, system
@@ -13,7 +13,9 @@ touches of new memory, which cost 3-12 us each on the development VM. Of those, 
 huge-page faults (the system's `thp_fault_alloc` count in /proc/vmstat, so other
 processes' count too) are the large tables' new 2 MiB pages, which a VM whose host
 takes freed memory back makes cost 4-5 ms each (`page_faults.py`; docs/benchmarks.md,
-"Fresh memory on this VM").
+"Fresh memory on this VM"). `--per-step` also prints each timed step's figures, which
+shows when the faults come: a growing table's shards take new row chunks together, so
+its huge-page faults arrive in bursts a few steps long.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main():
     p.add_argument("--unfused", action="store_true",
                    help="take the unfused optimizer step (slot lookup, TF ops, upsert) even "
                         "where a fused one exists: the A/B of the fused rules")
+    p.add_argument("--per-step", action="store_true",
+                   help="print every timed step's wall, CPU and system ms and its page faults")
     args = p.parse_args()
     if args.unfused:
         from tensorflow_dynemb.training.applier import SparseApplier
@@ -64,6 +68,11 @@ def main():
                           usage.ru_minflt, huge_page_faults()))
 
     model.fit(ds, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[Probe()])
+    if args.per_step:
+        for step in range(args.warmup, len(marks)):
+            wall, cpu, system, faults, huge = (b - a for a, b in zip(marks[step - 1], marks[step]))
+            print(f"step {step}: {wall * 1e3:.1f} ms, CPU {cpu * 1e3:.1f} ms (system {system * 1e3:.1f}), "
+                  f"{faults} page faults, {huge} huge")
     first, last = marks[args.warmup - 1], marks[-1]
     steps = len(marks) - args.warmup
     wall, cpu, system, faults, huge = ((b - a) / steps for a, b in zip(first, last))
