@@ -116,6 +116,17 @@ def test_cpu_only_library_has_no_gpu_kernels_and_no_cuda():
                 if _is_cuda_runtime_symbol(s)]
 
 
+def test_op_library_exports_none_of_its_own_symbols():
+    """The op library is built with hidden visibility (setup.py's OPS_VISIBILITY_FLAGS):
+    TF finds its ops through registrations, so nothing of ours, TF's, TSL's or Abseil's
+    is exported, and no call of the library's own functions goes through the PLT."""
+    own = ("_ZN6dynemb", "_ZNK6dynemb", "_ZN10tensorflow", "_ZNK10tensorflow", "_ZN3tsl",
+           "_ZNK3tsl", "_ZN4absl", "_ZNK4absl")
+    exported = [s for s in _dynamic_symbols(undefined=False) if s.startswith(own)]
+    assert not exported, exported[:10]
+    assert any(f == "-fvisibility=hidden" for f in _build_info().COMPILE_FLAGS)
+
+
 @pytest.mark.skipif(not _ops.gpu_kernels_built(), reason="the op library is CPU-only")
 def test_cuda_library_registers_every_table_op_for_the_gpu():
     for op in TABLE_OPS:
